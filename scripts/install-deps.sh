@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Installs everything lipcert needs to build and test, from Debian packages only.
+# Idempotent: packages already present are skipped. Run as root (or with sudo).
+#   --python   also install PyTorch and NumPy (Debian's python3-torch), needed only to
+#              regenerate test vectors, retrain the bundled zoo, or run the torch baselines.
+set -euo pipefail
+pkgs=(cmake ninja-build g++ clang libclang-rt-dev libeigen3-dev libboost-dev libmpfr-dev
+      libgmp-dev libmpfrc++-dev nlohmann-json3-dev libcli11-dev libgtest-dev libgmock-dev
+      libbenchmark-dev libtomlplusplus-dev)
+if [[ "${1:-}" == "--python" ]]; then pkgs+=(python3-torch python3-numpy); fi
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  SUDO=""; [[ $(id -u) -ne 0 ]] && SUDO=sudo
+  echo "install-deps: installing ${missing[*]}" >&2
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
