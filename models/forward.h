@@ -7,12 +7,21 @@
 // and the JVP / VJP follow the same steps forwards / backwards.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
 #include "models/attention_layer.h"
 
 namespace lipcert {
+
+// How a scalar type is read as a double (used only to pick the softmax stability shift,
+// which any value leaves mathematically unchanged). Specialise for other scalars
+// (mpfr::mpreal in tests, interval types in interval/).
+template <class T>
+struct ScalarToDouble {
+  static double Get(const T& v) { return static_cast<double>(v); }
+};
 
 template <class T>
 using Mat = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic>;
@@ -79,8 +88,10 @@ HeadState<T> ComputeHead(const AttentionLayer& L, int h, const Mat<T>& x) {
   s.p = Mat<T>::Zero(n, n);
   for (int i = 0; i < n; ++i) {
     const int jmax = L.causal ? i + 1 : n;
-    T m = logits(i, 0);
-    for (int j = 1; j < jmax; ++j) m = logits(i, j) > m ? logits(i, j) : m;
+    // Any shift is exact mathematically; the row maximum keeps exp from overflowing.
+    double shift = ScalarToDouble<T>::Get(logits(i, 0));
+    for (int j = 1; j < jmax; ++j) shift = std::max(shift, ScalarToDouble<T>::Get(logits(i, j)));
+    const T m = T(shift);
     T z = T(0);
     for (int j = 0; j < jmax; ++j) z += (s.p(i, j) = exp(logits(i, j) - m));
     for (int j = 0; j < jmax; ++j) s.p(i, j) /= z;
