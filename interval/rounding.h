@@ -90,8 +90,14 @@ inline double AddUp(double a, double b) {
     return s;  // an infinite operand: exact (or NaN)
   }
   const double bb = s - a;
-  const double e = (a - (s - bb)) + (b - bb);  // TwoSum: a + b == s + e exactly
-  if (!std::isfinite(e)) return NextUp(s);     // intermediate overflow: step anyway
+  double e = (a - (s - bb)) + (b - bb);  // TwoSum: a + b == s + e exactly
+  if (!std::isfinite(e)) {
+    // Spurious overflow inside TwoSum (only for operands near DBL_MAX): the halves are
+    // exact there and give the error of the half sum, which has the same sign.
+    const double ha = a * 0.5, hb = b * 0.5, hs = ha + hb, hbb = hs - ha;
+    e = (ha - (hs - hbb)) + (hb - hbb);
+    if (!std::isfinite(e)) return NextUp(s);  // never seen; stepping is still sound
+  }
   return e > 0 ? NextUp(s) : s;
 }
 inline double AddDown(double a, double b) { return -AddUp(-a, -b); }
@@ -107,7 +113,12 @@ inline double MulUp(double a, double b) {
     if (std::isfinite(a) && std::isfinite(b)) return rounding_internal::OverflowUp(p);
     return p;
   }
-  if (std::fabs(p) < kExactErrorThreshold) return NextUp(p);
+  if (std::fabs(p) < kExactErrorThreshold) {
+    // The error term may be inexact here; a product that rounded to zero has the sign
+    // of a*b, otherwise one step up is an upper bound (possibly one ulp loose).
+    if (p == 0.0) return (a > 0) == (b > 0) ? 0x1p-1074 : 0.0;
+    return NextUp(p);
+  }
   const double e = std::fma(a, b, -p);  // exact: a*b == p + e
   return e > 0 ? NextUp(p) : p;
 }
@@ -124,8 +135,16 @@ inline double DivUp(double a, double b) {
     return q;
   }
   if (std::isinf(b)) return q;  // finite / inf == 0 exactly
-  if (std::fabs(q) < kExactErrorThreshold || std::fabs(a) < kExactErrorThreshold)
+  if (std::fabs(q) < kExactErrorThreshold) {
+    if (q == 0.0) return (a > 0) == (b > 0) ? 0x1p-1074 : 0.0;
     return NextUp(q);
+  }
+  if (std::fabs(a) < kExactErrorThreshold) {
+    // Scale both operands by 2^600 (exact: |a| < 2^-900, and |b| = |a/q| < 1): same
+    // quotient, and the remainder below is then exact.
+    a *= 0x1p600;
+    b *= 0x1p600;
+  }
   const double r = std::fma(-q, b, a);  // exact: a - q*b
   // a/b - q == r/b: positive iff r and b have the same sign.
   const bool above = (r > 0 && b > 0) || (r < 0 && b < 0);
