@@ -1,0 +1,163 @@
+#include "certify/witness_eval.h"
+
+#include <cmath>
+#include <stdexcept>
+
+#include "interval/interval.h"
+#include "models/forward.h"  // the scalar hooks below specialise its templates
+
+namespace lipcert {
+namespace witness_internal {
+
+// The exp back end of the evaluation running on this thread.
+thread_local ExpBackend tls_exp_backend = ExpBackend::kMpfr;
+
+// A thin adapter that lets models/forward.h run on interval/'s Interval: Eigen-friendly
+// construction from double and int, arithmetic, and exp / sqrt found by ADL.
+struct RI {
+  Interval v;
+  RI() = default;
+  explicit RI(double d) : v(d) {}
+  explicit RI(int d) : v(double(d)) {}
+  explicit RI(const Interval& i) : v(i) {}
+};
+inline RI operator+(const RI& a, const RI& b) { return RI(a.v + b.v); }
+inline RI operator-(const RI& a, const RI& b) { return RI(a.v - b.v); }
+inline RI operator*(const RI& a, const RI& b) { return RI(a.v * b.v); }
+inline RI operator/(const RI& a, const RI& b) { return RI(a.v / b.v); }
+inline RI operator-(const RI& a) { return RI(-a.v); }
+inline RI& operator+=(RI& a, const RI& b) { return a = a + b; }
+inline RI& operator-=(RI& a, const RI& b) { return a = a - b; }
+inline RI& operator*=(RI& a, const RI& b) { return a = a * b; }
+inline RI& operator/=(RI& a, const RI& b) { return a = a / b; }
+// Identity of the enclosures (Eigen compares scalars only to skip work, never to decide).
+inline bool operator==(const RI& a, const RI& b) { return a.v.lo == b.v.lo && a.v.hi == b.v.hi; }
+inline bool operator!=(const RI& a, const RI& b) { return !(a == b); }
+inline RI exp(const RI& a) { return RI(Exp(a.v, tls_exp_backend)); }
+inline RI sqrt(const RI& a) { return RI(Sqrt(a.v)); }
+
+}  // namespace witness_internal
+
+// The softmax shift: any value is exact mathematically; the midpoint keeps exp in range.
+template <>
+struct ScalarToDouble<witness_internal::RI> {
+  static double Get(const witness_internal::RI& a) {
+    const double m = 0.5 * a.v.lo + 0.5 * a.v.hi;
+    return std::isfinite(m) ? m : 0.0;
+  }
+};
+
+}  // namespace lipcert
+
+namespace Eigen {
+template <>
+struct NumTraits<lipcert::witness_internal::RI> : GenericNumTraits<double> {
+  using RI = lipcert::witness_internal::RI;
+  typedef RI Real;
+  typedef RI NonInteger;
+  typedef RI Nested;
+  typedef RI Literal;
+  enum {
+    IsComplex = 0,
+    IsInteger = 0,
+    IsSigned = 1,
+    RequireInitialization = 1,
+    ReadCost = 2,
+    AddCost = 10,
+    MulCost = 20
+  };
+  static inline int digits10() { return 15; }
+};
+}  // namespace Eigen
+
+namespace lipcert {
+namespace {
+
+using witness_internal::RI;
+
+void CheckInputs(const AttentionLayer& layer, const Eigen::MatrixXd& x, const Eigen::MatrixXd& v) {
+  if (x.cols() != layer.d_model || x.rows() < 1)
+    throw std::invalid_argument("witness: x must be N x " + std::to_string(layer.d_model));
+  if (v.rows() != x.rows() || v.cols() != x.cols())
+    throw std::invalid_argument("witness: v must have the shape of x");
+  if (!x.allFinite() || !v.allFinite()) throw std::invalid_argument("witness: x or v is not finite");
+  if (v.cwiseAbs().maxCoeff() == 0) throw std::invalid_argument("witness: v is zero");
+}
+
+}  // namespace
+
+void EncloseJvp(const AttentionLayer& layer, const Eigen::MatrixXd& x, const Eigen::MatrixXd& v,
+                ExpBackend exp_backend, Eigen::MatrixXd* lo, Eigen::MatrixXd* hi) {
+  CheckInputs(layer, x, v);
+  RequireRoundToNearest();
+  const ExpBackend saved = witness_internal::tls_exp_backend;
+  witness_internal::tls_exp_backend = exp_backend;
+  const Mat<RI> xi = x.cast<RI>();
+  const Mat<RI> vi = v.cast<RI>();
+  const LayerState<RI> s = Evaluate<RI>(layer, xi);
+  const Mat<RI> y = Jvp<RI>(layer, s, vi);
+  witness_internal::tls_exp_backend = saved;
+  lo->resize(y.rows(), y.cols());
+  hi->resize(y.rows(), y.cols());
+  for (Eigen::Index j = 0; j < y.cols(); ++j)
+    for (Eigen::Index i = 0; i < y.rows(); ++i) {
+      (*lo)(i, j) = y(i, j).v.lo;
+      (*hi)(i, j) = y(i, j).v.hi;
+    }
+}
+
+LowerBound WitnessLowerBound(const AttentionLayer& layer, const Eigen::MatrixXd& x,
+                             const Eigen::MatrixXd& v, NormKind norm, ExpBackend exp_backend) {
+  Eigen::MatrixXd lo, hi;
+  EncloseJvp(layer, x, v, exp_backend, &lo, &hi);
+  const auto mig = [&](Eigen::Index i, Eigen::Index j) {
+    return Interval::Unchecked(lo(i, j), hi(i, j)).Mig();  // NaN never: checked inputs
+  };
+  if (norm == NormKind::kL2) {
+    double num2 = 0, den2 = 0;  // lower bound on ||Y||_F^2, upper bound on ||v||_F^2
+    for (Eigen::Index j = 0; j < v.cols(); ++j)
+      for (Eigen::Index i = 0; i < v.rows(); ++i) {
+        const double m = mig(i, j);
+        num2 = AddDown(num2, MulDown(m, m));
+        den2 = AddUp(den2, MulUp(v(i, j), v(i, j)));
+      }
+    const double num = num2 > 0 ? SqrtDown(num2) : 0.0;
+    const double den = SqrtUp(den2);
+    if (!(num > 0)) return LowerBound(0);
+    return LowerBound(std::max(0.0, DivDown(num, den)));
+  }
+  double num = 0;
+  for (Eigen::Index j = 0; j < v.cols(); ++j)
+    for (Eigen::Index i = 0; i < v.rows(); ++i) num = std::max(num, mig(i, j));
+  const double den = v.cwiseAbs().maxCoeff();  // exact
+  return LowerBound(std::max(0.0, DivDown(num, den)));
+}
+
+bool CertainlyInSet(const InputSet& set, const Eigen::MatrixXd& x) {
+  if (x.rows() != set.center.rows() || x.cols() != set.center.cols() || !x.allFinite()) return false;
+  // |x - x0| rounded upwards, entrywise.
+  Eigen::MatrixXd d(x.rows(), x.cols());
+  for (Eigen::Index j = 0; j < x.cols(); ++j)
+    for (Eigen::Index i = 0; i < x.rows(); ++i)
+      d(i, j) = std::max(std::fabs(SubUp(x(i, j), set.center(i, j))),
+                         std::fabs(SubDown(x(i, j), set.center(i, j))));
+  const double r = set.radius;
+  auto sum_sq_up = [](const auto& m) {
+    double s = 0;
+    for (Eigen::Index k = 0; k < m.size(); ++k) s = AddUp(s, MulUp(m(k), m(k)));
+    return s;
+  };
+  switch (set.kind) {
+    case SetKind::kBall: return SqrtUp(sum_sq_up(d.reshaped())) <= r;
+    case SetKind::kTokens:
+      for (Eigen::Index i = 0; i < d.rows(); ++i) {
+        const Eigen::RowVectorXd row = d.row(i);
+        if (!(SqrtUp(sum_sq_up(row)) <= r)) return false;
+      }
+      return true;
+    case SetKind::kBox: return d.maxCoeff() <= r;
+  }
+  return false;
+}
+
+}  // namespace lipcert
