@@ -100,6 +100,7 @@ Interval TOneMinusTRange(const Interval& x) {
     hi = 0.25;
   }
   if (std::isinf(x.lo) || std::isinf(x.hi)) lo = -kInf;
+  hi = std::min(hi, 0.25);  // the global maximum of t(1 - t)
   return Interval::Unchecked(lo, hi);
 }
 

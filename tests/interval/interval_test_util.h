@@ -52,6 +52,16 @@ class Big {
   mpfr_t v_;
 };
 
+// [lo, hi] = the 256-bit downward and upward roundings of f(x), from one evaluation
+// (the ternary value says on which side the round-to-nearest result fell).
+inline void EncloseUnary(int (*f)(mpfr_ptr, mpfr_srcptr, mpfr_rnd_t), double x, Big* lo, Big* hi) {
+  Big bx(x);
+  const int t = f(lo->get(), bx.get(), MPFR_RNDN);
+  mpfr_set(hi->get(), lo->get(), MPFR_RNDN);
+  if (t > 0) mpfr_nextbelow(lo->get());
+  if (t < 0) mpfr_nextabove(hi->get());
+}
+
 // True iff lo <= exact (the exact value is enclosed from below by lo): checked by
 // comparing with the 256-bit downward rounding of the exact value (equivalent, since lo
 // is itself a 256-bit number).
