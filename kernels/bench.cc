@@ -1,0 +1,144 @@
+#include "kernels/bench.h"
+
+#include <Eigen/Dense>
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <random>
+#include <sstream>
+#include <stdexcept>
+#include <thread>
+#include <vector>
+
+namespace lipcert {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Seconds(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+// GFLOP/s of a plain Eigen GEMM (256^3, the compute type) run on `threads` threads at
+// once: an estimate of what the machine's GEMMs can reach without MKL-class kernels.
+template <class T>
+double EigenGemmPeak(int threads) {
+  using M = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic>;
+  const int n = 256, reps = 8;
+  std::vector<double> rate(threads, 0);
+  auto work = [&](int t) {
+    M a = M::Random(n, n), b = M::Random(n, n), c(n, n);
+    c.noalias() = a * b;  // warm-up
+    const auto t0 = Clock::now();
+    for (int r = 0; r < reps; ++r) c.noalias() += a * b;
+    rate[t] = 2.0 * n * n * n * reps / Seconds(t0, Clock::now()) + 0 * c(0, 0);
+  };
+  std::vector<std::thread> pool;
+  for (int t = 1; t < threads; ++t) pool.emplace_back(work, t);
+  work(0);
+  for (auto& th : pool) th.join();
+  double total = 0;
+  for (double r : rate) total += r;
+  return total / 1e9;
+}
+
+}  // namespace
+
+std::string RunEngineBench(const BenchOptions& o) {
+  if (o.n < 1 || o.d < 1 || o.heads < 1 || o.d % o.heads != 0)
+    throw std::invalid_argument("bench: need n, d, heads >= 1 with heads dividing d");
+  if (o.batch < 1) throw std::invalid_argument("bench.batch: must be at least 1");
+  std::mt19937_64 rng(0);
+  std::normal_distribution<double> nd(0.0, 1.0);
+  auto rnd = [&](int r, int c, double s) {
+    Eigen::MatrixXd m(r, c);
+    for (int i = 0; i < r; ++i)
+      for (int j = 0; j < c; ++j) m(i, j) = s * nd(rng);
+    return m;
+  };
+  AttentionLayer L;
+  L.kind = o.kind;
+  L.d_model = o.d;
+  L.heads = o.heads;
+  L.head_dim_qk = L.head_dim_v = o.d / o.heads;
+  const double s = 1 / std::sqrt(double(o.d));
+  L.wq = rnd(o.d, o.d, s);
+  L.wk = o.kind == AttentionKind::kL2 ? L.wq : rnd(o.d, o.d, s);
+  L.wv = rnd(o.d, o.d, s);
+  L.wo = rnd(o.d, o.d, s);
+  std::vector<double> x(size_t(o.batch) * o.n * o.d);
+  for (double& v : x) v = nd(rng);
+
+  EngineOptions eo;
+  eo.device = o.device;
+  eo.dtype = o.dtype;
+  eo.threads = o.threads;
+  eo.rel_tol = o.rel_tol;
+  eo.max_iters = o.max_iters;
+  eo.method = o.method;
+  auto engine = MakeJacobianEngine(L, o.n, eo);
+
+  // Warm-up on two points (as the baseline does), then whole batches until min_seconds.
+  engine->TopSingularValues(x.data(), std::min(2, o.batch), false);
+  int reps = 0;
+  TopSingular r;
+  const auto t0 = Clock::now();
+  double elapsed = 0;
+  do {
+    r = engine->TopSingularValues(x.data(), o.batch, false);
+    ++reps;
+    elapsed = Seconds(t0, Clock::now());
+  } while (elapsed < o.min_seconds);
+
+  const GemmFlops gf = CountGemmFlops(L, o.n);
+  double iters = 0, flops = 0, smax = 0, smean = 0;
+  int imax = 0, conv = 0;
+  for (int b = 0; b < o.batch; ++b) {
+    iters += r.iterations[b];
+    imax = std::max(imax, r.iterations[b]);
+    conv += r.converged[b];
+    flops += gf.evaluate + r.iterations[b] * (gf.jvp + gf.vjp) + gf.jvp;
+    smax = std::max(smax, r.sigma[b]);
+    smean += r.sigma[b] / o.batch;
+  }
+  const double points_per_s = double(o.batch) * reps / elapsed;
+  const double gflops = flops * reps / elapsed / 1e9;
+  const int workers = o.device == Device::kCpu
+                          ? (o.threads > 0 ? o.threads : int(std::max(1u, std::thread::hardware_concurrency())))
+                          : 1;
+  const double peak = o.device == Device::kCpu
+                          ? (o.dtype == DType::kF32 ? EigenGemmPeak<float>(workers) : EigenGemmPeak<double>(workers))
+                          : 0;
+
+  std::ostringstream os;
+  char buf[512];
+  os << "lipcert bench: top singular value of the Jacobian at random points\n";
+  std::snprintf(buf, sizeof buf, "layer       : %s attention, N=%d D=%d H=%d (dk=dv=%d), weights N(0,1)/sqrt(D), points N(0,1)\n",
+                AttentionKindToString(o.kind), o.n, o.d, o.heads, o.d / o.heads);
+  os << buf;
+  std::snprintf(buf, sizeof buf, "engine      : %s  device=%s dtype=%s threads=%d method=%s rel_tol=%g max_iters=%d\n",
+                engine->name(), DeviceToString(o.device), DTypeToString(o.dtype), o.threads,
+                SingularMethodToString(o.method), o.rel_tol, o.max_iters);
+  os << buf;
+  os << "simd        : " << Eigen::SimdInstructionSetsInUse() << "\n";
+  std::snprintf(buf, sizeof buf, "batch       : %d points x %d repetitions in %.3f s\n", o.batch, reps, elapsed);
+  os << buf;
+  std::snprintf(buf, sizeof buf, "iterations  : mean %.1f, max %d J^T J products per point; converged %d/%d\n",
+                iters / o.batch, imax, conv, o.batch);
+  os << buf;
+  std::snprintf(buf, sizeof buf, "sigma       : max %.6g, mean %.6g\n", smax, smean);
+  os << buf;
+  std::snprintf(buf, sizeof buf, "gemm flops  : %.3g per point, %.2f GFLOP/s achieved", flops / o.batch, gflops);
+  os << buf;
+  if (peak > 0) {
+    std::snprintf(buf, sizeof buf, " (plain Eigen GEMM 256^3 on %d threads: %.2f GFLOP/s)", workers, peak);
+    os << buf;
+  }
+  os << "\n";
+  std::snprintf(buf, sizeof buf, "points_per_s=%.6g", points_per_s);
+  os << buf;
+  return os.str();
+}
+
+}  // namespace lipcert

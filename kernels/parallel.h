@@ -1,0 +1,37 @@
+// A minimal parallel-for over independent items (points), for the CPU engine.
+#pragma once
+
+#include <atomic>
+#include <thread>
+#include <vector>
+
+namespace lipcert::kernels_internal {
+
+// Worker count for `requested` threads (0 = hardware concurrency), never above `items`.
+inline int WorkerCount(int requested, int items) {
+  int t = requested > 0 ? requested : int(std::thread::hardware_concurrency());
+  if (t < 1) t = 1;
+  if (items < t) t = items < 1 ? 1 : items;
+  return t;
+}
+
+// Calls fn(item, worker) for item in [0, items), with `workers` threads pulling items in
+// order from a shared counter. fn must not throw.
+template <class Fn>
+void ParallelFor(int items, int workers, Fn&& fn) {
+  if (workers <= 1 || items <= 1) {
+    for (int i = 0; i < items; ++i) fn(i, 0);
+    return;
+  }
+  std::atomic<int> next{0};
+  auto body = [&](int worker) {
+    for (int i = next++; i < items; i = next++) fn(i, worker);
+  };
+  std::vector<std::thread> pool;
+  pool.reserve(workers - 1);
+  for (int t = 1; t < workers; ++t) pool.emplace_back(body, t);
+  body(0);
+  for (auto& th : pool) th.join();
+}
+
+}  // namespace lipcert::kernels_internal
