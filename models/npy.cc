@@ -193,7 +193,8 @@ std::string EncodeNpy(const Tensor& t, const std::string& file) {
   for (int64_t d : t.shape) count *= uint64_t(d);
   if (count != t.values.size()) throw InputError(file, "shape", "shape does not match the values");
   std::string dict = std::string("{'descr': '") + (size == 8 ? "<f8" : "<f4") + "', 'fortran_order': False, 'shape': (";
-  for (size_t i = 0; i < t.shape.size(); ++i) dict += std::to_string(t.shape[i]) + (t.shape.size() == 1 || i + 1 < t.shape.size() ? ", " : "");
+  for (size_t i = 0; i < t.shape.size(); ++i) dict += (i ? ", " : "") + std::to_string(t.shape[i]);
+  if (t.shape.size() == 1) dict += ",";  // a Python 1-tuple
   dict += "), }";
   while ((10 + dict.size() + 1) % 64) dict.push_back(' ');
   dict.push_back('\n');
