@@ -1,6 +1,7 @@
 #include "interval/norms.h"
 
 #include <Eigen/Eigenvalues>
+#include <Eigen/SVD>
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -292,11 +293,27 @@ UpperBound NormL2Upper(const Eigen::MatrixXd& a, const NormL2Options& o, NormL2R
   if (a.size() == 0) return UpperBound(0.0);
   for (Eigen::Index i = 0; i < a.size(); ++i)
     if (!std::isfinite(a.data()[i])) return UpperBound(kInf);
+  // Scale by 2^-e so that max |a_ij| is in [1, 2): the Gram matrix neither overflows nor
+  // underflows. a = 2^e (a_s + d) with |d_ij| <= eta/2 where the scaling was inexact
+  // (entries pushed into the subnormal range), so ||a|| <= 2^e (||a_s|| + sqrt(mn) eta).
+  const double amax = a.cwiseAbs().maxCoeff();
+  if (amax == 0.0) return UpperBound(0.0);
+  const int e = std::ilogb(amax);
+  Eigen::MatrixXd as(a.rows(), a.cols());
+  bool inexact = false;
+  for (Eigen::Index i = 0; i < a.size(); ++i) {
+    as.data()[i] = std::ldexp(a.data()[i], -e);
+    inexact |= std::ldexp(as.data()[i], e) != a.data()[i];
+  }
   // The smaller Gram matrix: a^T a (cols x cols) or a a^T (rows x rows).
-  const IntervalMatrix g = a.cols() <= a.rows() ? GramEnclosure(a) : GramEnclosure(Eigen::MatrixXd(a.transpose()));
+  const IntervalMatrix g = as.cols() <= as.rows() ? GramEnclosure(as) : GramEnclosure(Eigen::MatrixXd(as.transpose()));
   const UpperBound lam = LambdaMaxUpper(g, o, report);
   const double l = std::max(0.0, lam.value());  // a Gram matrix is PSD
-  return Min(UpperBound(SqrtUp(l)), NormL2UpperCrude(a));
+  double ns = SqrtUp(l);
+  if (inexact) ns = AddUp(ns, MulUp(SqrtUp(MulUp(static_cast<double>(a.rows()), static_cast<double>(a.cols()))), kEta));
+  const double scale = std::ldexp(1.0, e);  // exact power of two (|e| <= 1074)
+  const double n2 = std::isfinite(scale) && scale > 0 ? MulUp(ns, scale) : kInf;
+  return Min(UpperBound(n2), NormL2UpperCrude(a));
 }
 
 UpperBound NormL2UpperInterval(const IntervalMatrix& a, const NormL2Options& o) {
@@ -342,9 +359,16 @@ LowerBound NormRatioLower(const Eigen::MatrixXd& a, const Eigen::VectorXd& v) {
 
 LowerBound NormL2Lower(const Eigen::MatrixXd& a, int power_iterations) {
   if (a.size() == 0) return LowerBound(0.0);
+  for (Eigen::Index i = 0; i < a.size(); ++i)
+    if (!std::isfinite(a.data()[i])) return LowerBound(0.0);
+  LowerBound best(0.0);
+  if (std::min(a.rows(), a.cols()) <= 64) {
+    // Small: the top right singular vector from a floating-point SVD is the best witness.
+    Eigen::JacobiSVD<Eigen::MatrixXd> svd(a, Eigen::ComputeThinV);
+    best = Max(best, NormRatioLower(a, svd.matrixV().col(0)));
+  }
   Eigen::VectorXd v = Eigen::VectorXd::Ones(a.cols());
   for (Eigen::Index i = 0; i < v.size(); ++i) v[i] += 0.01 * std::sin(1.0 + static_cast<double>(i));
-  LowerBound best(0.0);
   for (int it = 0; it < power_iterations; ++it) {
     Eigen::VectorXd w = a.transpose() * (a * v);
     const double nw = w.norm();

@@ -1,0 +1,208 @@
+// Norm bounds against exact values: MPFR (mpreal at 256 bits, Eigen's MPRealSupport) on
+// small matrices, double SVD on larger ones; lower <= exact <= upper throughout.
+#include "interval/norms.h"
+
+#include <gtest/gtest.h>
+#include <mpreal.h>
+#include <unsupported/Eigen/MPRealSupport>
+
+#include <Eigen/Eigenvalues>
+#include <Eigen/SVD>
+
+#include "tests/interval/interval_test_util.h"
+
+namespace lipcert {
+namespace {
+
+using testing::AdversarialDoubles;
+using testing::Count;
+using mpfr::mpreal;
+using MatrixBig = Eigen::Matrix<mpreal, Eigen::Dynamic, Eigen::Dynamic>;
+
+// sigma_1 of a at 256 bits (eigenvalues of a^T a in mpreal).
+mpreal ExactNorm2(const Eigen::MatrixXd& a) {
+  mpreal::set_default_prec(256);
+  MatrixBig b = a.cast<mpreal>();
+  MatrixBig g = b.transpose() * b;
+  Eigen::SelfAdjointEigenSolver<MatrixBig> es(g, Eigen::EigenvaluesOnly);
+  mpreal l = es.eigenvalues()(g.rows() - 1);
+  if (l < 0) l = 0;
+  return mpfr::sqrt(l);
+}
+mpreal ExactLambdaMax(const Eigen::MatrixXd& s) {
+  mpreal::set_default_prec(256);
+  MatrixBig b = s.cast<mpreal>();
+  Eigen::SelfAdjointEigenSolver<MatrixBig> es(b, Eigen::EigenvaluesOnly);
+  return es.eigenvalues()(b.rows() - 1);
+}
+
+Eigen::MatrixXd Random(AdversarialDoubles& g, Eigen::Index r, Eigen::Index c) {
+  Eigen::MatrixXd m(r, c);
+  for (Eigen::Index t = 0; t < m.size(); ++t) m.data()[t] = g.Uniform(-1, 1);
+  return m;
+}
+
+// Test matrices: random, rank one, repeated top singular value, scaled by huge or tiny
+// powers of two, with zero rows.
+Eigen::MatrixXd TestMatrix(AdversarialDoubles& g, int kind, Eigen::Index r, Eigen::Index c) {
+  Eigen::MatrixXd a = Random(g, r, c);
+  switch (kind % 6) {
+    case 1:
+      a = Random(g, r, 1) * Random(g, 1, c);
+      break;
+    case 2: {  // two equal top singular values
+      Eigen::HouseholderQR<Eigen::MatrixXd> q1(Random(g, r, r)), q2(Random(g, c, c));
+      Eigen::MatrixXd s = Eigen::MatrixXd::Zero(r, c);
+      for (Eigen::Index i = 0; i < std::min(r, c); ++i) s(i, i) = i < 2 ? 3.0 : g.Uniform(0, 2);
+      a = Eigen::MatrixXd(q1.householderQ()) * s * Eigen::MatrixXd(q2.householderQ()).transpose();
+      break;
+    }
+    case 3:
+      a *= 0x1p500;
+      break;
+    case 4:
+      a *= 0x1p-500;
+      break;
+    case 5:
+      a.row(0).setZero();
+      break;
+  }
+  return a;
+}
+
+TEST(NormsTest, SmallMatricesAgainstMpfr) {
+  AdversarialDoubles g(61);
+  const long n = Count(300);
+  for (long t = 0; t < n; ++t) {
+    const Eigen::Index r = 1 + g.Bits() % 8, c = 1 + g.Bits() % 8;
+    const Eigen::MatrixXd a = TestMatrix(g, static_cast<int>(t), r, c);
+    const mpreal exact = ExactNorm2(a);
+    const UpperBound up = NormL2Upper(a);
+    const LowerBound lo = NormL2Lower(a);
+    ASSERT_GE(mpreal(up.value()), exact) << "t=" << t << "\n" << a;
+    ASSERT_LE(mpreal(lo.value()), exact) << "t=" << t;
+    // Tight: relative overestimate below 1e-12 for these sizes.
+    ASSERT_LE(mpreal(up.value()), exact * (1 + 1e-12) + mpreal(1e-300)) << "t=" << t;
+    ASSERT_GE(mpreal(lo.value()), exact * (1 - 1e-6)) << "t=" << t;
+    // Crude and Frobenius bounds are valid.
+    ASSERT_GE(mpreal(NormL2UpperCrude(a).value()), exact);
+    ASSERT_GE(mpreal(NormFrobeniusUpper(a).value()), exact);
+    // l_inf and l_1: exact up to one rounding per term.
+    mpreal rmax = 0, cmax = 0;
+    for (Eigen::Index i = 0; i < r; ++i) {
+      mpreal s = 0;
+      for (Eigen::Index j = 0; j < c; ++j) s += mpfr::abs(mpreal(a(i, j)));
+      rmax = mpfr::max(rmax, s);
+    }
+    for (Eigen::Index j = 0; j < c; ++j) {
+      mpreal s = 0;
+      for (Eigen::Index i = 0; i < r; ++i) s += mpfr::abs(mpreal(a(i, j)));
+      cmax = mpfr::max(cmax, s);
+    }
+    ASSERT_GE(mpreal(NormInf(a).value()), rmax);
+    ASSERT_LE(mpreal(NormInf(a).value()), rmax * (1 + 1e-14));
+    ASSERT_GE(mpreal(Norm1(a).value()), cmax);
+    // Nonnegative matrices: Collatz-Wielandt.
+    const Eigen::MatrixXd p = a.cwiseAbs();
+    const mpreal ep = ExactNorm2(p);
+    const UpperBound cw = NormL2UpperNonneg(p);
+    ASSERT_GE(mpreal(cw.value()), ep);
+    ASSERT_LE(mpreal(cw.value()), ep * 1.05 + mpreal(1e-300));
+  }
+}
+
+TEST(NormsTest, LambdaMaxOfIndefiniteSymmetricEnclosure) {
+  AdversarialDoubles g(62);
+  for (long t = 0; t < Count(200); ++t) {
+    const Eigen::Index n = 1 + g.Bits() % 8;
+    Eigen::MatrixXd s = Random(g, n, n);
+    s = (s + s.transpose()).eval();
+    s -= 2.0 * Eigen::MatrixXd::Identity(n, n);  // often all eigenvalues negative
+    const double r = (t % 2) ? 1e-3 : 0.0;
+    const IntervalMatrix b = IntervalMatrix::Ball(s, r);
+    const UpperBound up = LambdaMaxUpper(b);
+    // Every symmetric member: check the midpoint and random symmetric perturbations.
+    ASSERT_GE(mpreal(up.value()), ExactLambdaMax(s)) << s;
+    for (int k = 0; k < 3; ++k) {
+      Eigen::MatrixXd e = Random(g, n, n) * r;
+      e = (0.5 * (e + e.transpose())).eval();
+      const Eigen::MatrixXd m = s + e;
+      if (!b.Contains(m)) continue;
+      ASSERT_GE(mpreal(up.value()), ExactLambdaMax(m));
+    }
+    if (r == 0) ASSERT_LE(mpreal(up.value()), ExactLambdaMax(s) + 1e-12 * (1 + s.norm()));
+  }
+}
+
+TEST(NormsTest, IntervalMatrixNormCoversMembers) {
+  AdversarialDoubles g(63);
+  for (long t = 0; t < Count(100); ++t) {
+    const Eigen::Index r = 1 + g.Bits() % 7, c = 1 + g.Bits() % 7;
+    const IntervalMatrix a(Random(g, r, c), Random(g, r, c).cwiseAbs() * 0.1);
+    const UpperBound up = NormL2UpperInterval(a);
+    const UpperBound inf = NormInfUpper(a);
+    for (int k = 0; k < 5; ++k) {
+      Eigen::MatrixXd m(r, c);
+      for (Eigen::Index i = 0; i < m.size(); ++i) {
+        const double v = a.mid.data()[i] + ((g.Bits() % 2) ? 1 : -1) * a.rad.data()[i];
+        m.data()[i] = (SubUp(v, a.mid.data()[i]) <= a.rad.data()[i] && SubUp(a.mid.data()[i], v) <= a.rad.data()[i])
+                          ? v
+                          : a.mid.data()[i];
+      }
+      ASSERT_GE(mpreal(up.value()), ExactNorm2(m));
+      ASSERT_GE(inf.value(), m.cwiseAbs().rowwise().sum().maxCoeff());
+    }
+  }
+}
+
+TEST(NormsTest, LargerMatricesAgainstDoubleSvd) {
+  AdversarialDoubles g(64);
+  for (Eigen::Index n : {40, 130, 257}) {
+    for (int kind : {0, 1, 2, 3}) {
+      const Eigen::MatrixXd a = TestMatrix(g, kind, n, n - 7);
+      const double s1 = Eigen::JacobiSVD<Eigen::MatrixXd>(a).singularValues()(0);
+      NormL2Report rep;
+      const UpperBound up = NormL2Upper(a, {}, &rep);
+      EXPECT_GE(up.value(), s1 * (1 - 1e-13)) << n << " kind " << kind;
+      EXPECT_LE(up.value(), s1 * (1 + 1e-10)) << n << " kind " << kind;
+      EXPECT_FALSE(rep.fell_back_to_crude);
+      const LowerBound lo = NormL2Lower(a, 200);
+      EXPECT_LE(lo.value(), up.value());
+    }
+  }
+}
+
+TEST(NormsTest, ImplicitPsdOperator) {
+  AdversarialDoubles g(65);
+  const Eigen::Index n = 30;
+  // Integer entries: the products below are exact, so column_error = 0 is honest.
+  Eigen::MatrixXd b(n + 5, n);
+  for (Eigen::Index i = 0; i < b.size(); ++i) b.data()[i] = static_cast<double>(static_cast<int>(g.Bits() % 11) - 5);
+  const Eigen::MatrixXd m = b.transpose() * b;
+  auto apply = [&](const Eigen::VectorXd& x, Eigen::VectorXd* y) { *y = b.transpose() * (b * x); };
+  const UpperBound up = NormL2UpperImplicitPsd(n, apply, 0.0);
+  const mpreal exact = ExactLambdaMax(m);
+  EXPECT_GE(mpreal(up.value()), exact);
+  EXPECT_LE(mpreal(up.value()), exact * (1 + 1e-11));
+  // A callback with a declared error: perturb each product by at most eps in norm.
+  const double eps = 1e-6;
+  auto noisy = [&](const Eigen::VectorXd& x, Eigen::VectorXd* y) {
+    *y = b.transpose() * (b * x);
+    (*y)[0] -= 0.9 * eps;
+  };
+  const UpperBound up2 = NormL2UpperImplicitPsd(n, noisy, eps);
+  EXPECT_GE(mpreal(up2.value()), exact);
+}
+
+TEST(NormsTest, DegenerateInputs) {
+  EXPECT_EQ(NormL2Upper(Eigen::MatrixXd::Zero(5, 3)).value(), 0.0);
+  Eigen::MatrixXd a = Eigen::MatrixXd::Identity(4, 4);
+  a(2, 2) = kInf;
+  EXPECT_EQ(NormL2Upper(a).value(), kInf);
+  EXPECT_GE(NormL2Upper(Eigen::MatrixXd::Identity(6, 6)).value(), 1.0);
+  EXPECT_LE(NormL2Upper(Eigen::MatrixXd::Identity(6, 6)).value(), 1.0 + 1e-13);
+  EXPECT_EQ(NormRatioLower(a, Eigen::VectorXd::Zero(4)).value(), 0.0);
+}
+
+}  // namespace
+}  // namespace lipcert
