@@ -324,6 +324,7 @@ CASES = [
 def write_case(case, seed, root, mimic):
     name, preset = case["name"], case["preset"]
     gen = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)  # transformers initialises the non-attention parameters from the global RNG
     ckpt_dir = os.path.join(root, "checkpoints", name)
     shutil.rmtree(ckpt_dir, ignore_errors=True)
     os.makedirs(ckpt_dir)
