@@ -382,6 +382,9 @@ AttentionLayer LoadBert(const Checkpoint& ck, Config& cfg, const LoadOptions& op
   if (const auto pe = cfg.String("position_embedding_type"); pe && *pe != "absolute")
     throw InputError(cfg.path(), "position_embedding_type",
                      "'" + *pe + "' changes the attention logits; only \"absolute\" is supported");
+  if (ck.Has(p + "attention.self.distance_embedding.weight"))
+    throw InputError(file, p + "attention.self.distance_embedding.weight",
+                     "relative position embeddings change the attention logits; not supported");
   L.causal = cfg.Bool("is_decoder").value_or(false);
   L.tensor_names["causal"] = cfg.Get("is_decoder") ? cfg.path() + " is_decoder" : "default (false)";
   L.heads = ResolveHeads(ck, cfg, opts, {"num_attention_heads"}, &L.tensor_names["heads"]);

@@ -425,6 +425,11 @@ TEST(LoaderTest, BertErrors) {
   ExpectInputError([&] { LoadModel(p); }, dir.File("config.json"), "json", "invalid JSON");
   WriteConfig(dir, R"({"num_attention_heads": 2, "is_decoder": true})");
   EXPECT_TRUE(LoadModel(p).layers.at(0).causal);
+  Tensors rel = t;
+  rel["bert.encoder.layer.0.attention.self.distance_embedding.weight"] = MatrixTensor(Rand(rng, 3, 4));
+  WriteSafetensors(p, rel);
+  ExpectInputError([&] { LoadModel(p); }, p, "bert.encoder.layer.0.attention.self.distance_embedding.weight",
+                   "relative position");
   t.erase("bert.encoder.layer.0.attention.self.key.weight");
   WriteSafetensors(p, t);
   ExpectInputError([&] { LoadModel(p); }, p, "bert.encoder.layer.0.attention.self.key.weight", "missing tensor");
