@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Builds and runs ONLY the interval/ tests under gcc and clang x {-O0, -O2, -O3 -march=native}
+# (separate build trees under build-matrix/), and checks that interval/rounding.h refuses
+# to compile under -ffast-math or without LIPCERT_ROUNDING_MATH. Exits non-zero on any
+# failure. Usage: scripts/interval-matrix.sh [extra ctest/gtest args are not taken]
+#   LIPCERT_MATRIX_JOBS  parallel build jobs (default 2)
+#   LIPCERT_TEST_SCALE   scales the property-test counts (default 1)
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+jobs="${LIPCERT_MATRIX_JOBS:-2}"
+fail=0
+
+# 1. The rounding model must refuse builds without its flags.
+for variant in "-ffast-math -DLIPCERT_ROUNDING_MATH=1" "-frounding-math"; do
+  for cxx in g++ clang++; do
+    command -v "$cxx" >/dev/null || continue
+    if echo '#include "interval/rounding.h"' | "$cxx" -std=c++20 -I. $variant -x c++ -fsyntax-only - 2>/dev/null; then
+      echo "interval-matrix: FAIL: $cxx $variant compiled interval/rounding.h (must #error)"
+      fail=1
+    else
+      echo "interval-matrix: ok: $cxx $variant is refused"
+    fi
+  done
+done
+
+# 2. Build and run interval_tests per compiler and flag set.
+configs=("gcc|g++|-O0" "gcc|g++|-O2" "gcc|g++|-O3 -march=native"
+         "clang|clang++|-O0" "clang|clang++|-O2" "clang|clang++|-O3 -march=native")
+for c in "${configs[@]}"; do
+  IFS='|' read -r name cxx flags <<<"$c"
+  if ! command -v "$cxx" >/dev/null; then echo "interval-matrix: skip $name (no $cxx)"; continue; fi
+  dir="build-matrix/${name}$(echo "$flags" | tr -d ' =-')"
+  echo "=== $name $flags -> $dir"
+  if ! cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=None -DCMAKE_CXX_COMPILER="$cxx" \
+        -DCMAKE_CXX_FLAGS="$flags" -DLIPCERT_BENCH=OFF -DLIPCERT_CUDA=OFF >"$dir.configure.log" 2>&1; then
+    echo "interval-matrix: FAIL: configure ($dir.configure.log)"; fail=1; continue
+  fi
+  if ! cmake --build "$dir" --target interval_tests -j"$jobs" >"$dir.build.log" 2>&1; then
+    echo "interval-matrix: FAIL: build ($dir.build.log)"; tail -20 "$dir.build.log"; fail=1; continue
+  fi
+  if ! "$dir/tests/interval_tests" --gtest_brief=1; then
+    echo "interval-matrix: FAIL: tests under $name $flags"; fail=1
+  fi
+done
+if ((fail)); then echo "interval-matrix: FAILED"; exit 1; fi
+echo "interval-matrix: all configurations passed"
