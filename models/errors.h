@@ -27,7 +27,7 @@ inline std::string OneLine(const std::string& s, size_t max_chars = 300) {
 // A user-input problem: what() == "<file>: <field>: <message>", one line.
 struct InputError : std::runtime_error {
   InputError(const std::string& file, const std::string& field, const std::string& message)
-      : std::runtime_error(OneLine(file) + ": " + OneLine(field) + ": " + OneLine(message, 2000)),
+      : std::runtime_error(OneLine(file, 4096) + ": " + OneLine(field) + ": " + OneLine(message, 2000)),
         file(file),
         field(field) {}
   std::string file;   // the file (or option) the problem is in

@@ -1,6 +1,7 @@
 #include "models/loader.h"
 
 #include <algorithm>
+#include <charconv>
 #include <climits>
 #include <cmath>
 #include <cstdlib>
@@ -193,9 +194,9 @@ int ParsePositiveIntText(const std::string& text, const std::string& file, const
 }
 
 double ParsePositiveDoubleText(const std::string& text, const std::string& file, const std::string& field) {
-  char* end = nullptr;
-  const double v = std::strtod(text.c_str(), &end);
-  if (text.empty() || end != text.c_str() + text.size() || !(v > 0) || !std::isfinite(v))
+  double v = 0;  // from_chars: independent of the C locale
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (text.empty() || ec != std::errc() || end != text.data() + text.size() || !(v > 0) || !std::isfinite(v))
     throw InputError(file, field, "'" + text + "' is not a positive finite number");
   return v;
 }
