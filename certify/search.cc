@@ -594,8 +594,8 @@ SearchResult SearchLowerBound(const AttentionLayer& layer, const InputSet& set,
   for (size_t e = 0; e < std::min<size_t>(3, elite.size()); ++e) {
     MatrixXd x = elite[e].x;
     // The final point must be inside the set, not merely within rounding of it.
-    for (int k = 0; k < 60 && !set.Contains(x, 0); ++k)
-      x = set.center + (x - set.center) * (1 - std::ldexp(1.0, -50 + k));
+    for (int k = 0; k < 40 && !CertainlyInSet(set, x); ++k)
+      x = set.center + (x - set.center) * (1 - std::ldexp(1.0, -48 + k));
     const auto s = o.At(x);
     const Pair p = ComputeTop(o, s, opts.norm, &elite[e].pair, fine, 99);
     evaluations.fetch_add(1);
