@@ -1,0 +1,43 @@
+// Anytime branch and bound over the input set: the set's box hull is split along its
+// widest coordinate; each piece (box intersected with the set) is covered by per-token
+// balls and bounded by the structured engines; the certified bound is the maximum over
+// the open pieces. Splitting pays off where the set is low-dimensional (few tokens and
+// coordinates); on wide layers the root bound is usually all the time allows.
+#pragma once
+
+#include <functional>
+
+#include "certify/jacobian_bounds.h"
+
+namespace lipcert {
+
+struct BranchAndBoundOptions {
+  NormKind norm = NormKind::kL2;
+  double time_limit_s = 10;   // wall clock for the whole search
+  double tolerance = 0.01;    // stop when upper <= (1 + tolerance) * lower
+  int max_pieces = 100000;    // pieces bounded, at most
+  int dense_limit = 4096;     // the centred engine runs on pieces with N*D up to this
+  bool exclude_residual = false;
+  // The root's bound and the seconds it took, when the caller has already computed them
+  // (root_upper = +inf: compute here).
+  UpperBound root_upper{kInf};
+  double root_seconds = 0;
+  // Called whenever the certified bound improves (anytime certificates).
+  std::function<void(UpperBound upper, int explored, int open)> on_improvement;
+};
+
+struct BranchAndBoundResult {
+  UpperBound upper{kInf};
+  int pieces_explored = 0;
+  int open_pieces = 0;
+  bool tolerance_reached = false;
+  bool exhausted = false;     // no piece left worth splitting (all at full resolution)
+};
+
+// Bound of one cover: the better of the block-norm and (norm 2, small enough) centred engines.
+UpperBound BestStructuredBound(const AttentionLayer& layer, const TokenCover& cover, const BoundOptions& opts);
+
+BranchAndBoundResult BranchAndBound(const AttentionLayer& layer, const InputSet& set, LowerBound lower,
+                                    const BranchAndBoundOptions& opts);
+
+}  // namespace lipcert

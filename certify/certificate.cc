@@ -1,0 +1,113 @@
+#include "certify/certificate.h"
+
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <limits>
+#include <sstream>
+#include <stdexcept>
+#include <unistd.h>
+
+namespace lipcert {
+
+const char* CertificateStatusToString(CertificateStatus s) {
+  switch (s) {
+    case CertificateStatus::kTolerance: return "tolerance_reached";
+    case CertificateStatus::kTimeLimit: return "time_limit";
+    case CertificateStatus::kExhausted: return "engines_exhausted";
+  }
+  return "?";
+}
+
+double Certificate::gap() const {
+  if (!(lower_bound.value() > 0)) return std::numeric_limits<double>::infinity();
+  return upper_bound.value() / lower_bound.value();
+}
+
+namespace {
+// JSON has no infinity: an unbounded value is written as null.
+nlohmann::json Num(double v) { return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr); }
+}  // namespace
+
+nlohmann::json ToJson(const Certificate& c) {
+  nlohmann::json j;
+  j["schema"] = "lipcert.certificate/1";
+  j["model"] = {{"path", c.provenance.model_path},
+                {"sha256", c.provenance.model_sha256},
+                {"preset", c.provenance.preset},
+                {"layer", c.provenance.layer_index}};
+  j["layer"] = {{"kind", c.kind},         {"d_model", c.d_model},       {"heads", c.heads},
+                {"head_dim_qk", c.head_dim_qk}, {"head_dim_v", c.head_dim_v}, {"causal", c.causal},
+                {"layer_norm", c.layer_norm},   {"biases", c.biases}};
+  j["set"] = {{"kind", SetKindToString(c.set)},
+              {"radius", c.radius},
+              {"tokens", c.tokens},
+              {"centre", c.provenance.centre_source},
+              {"centre_frobenius_norm", c.centre_frobenius_norm}};
+  j["norm"] = NormKindToString(c.norm);
+  j["upper_bound"] = Num(c.upper_bound.value());
+  j["lower_bound"] = Num(c.lower_bound.value());
+  j["gap"] = Num(c.gap());
+  nlohmann::json engines = nlohmann::json::object(), details = nlohmann::json::array();
+  for (const EngineResult& e : c.engines) {
+    engines[e.name] = Num(e.upper.value());
+    details.push_back({{"name", e.name}, {"upper_bound", Num(e.upper.value())}, {"seconds", e.seconds}, {"note", e.note}});
+  }
+  j["engines"] = engines;
+  j["engine_details"] = details;
+  j["witness"] = {{"origin", c.witness.origin},
+                  {"value", Num(c.witness.value)},
+                  {"lower_bound", Num(c.witness.lower.value())}};
+  if (c.invertibility) {
+    const Invertibility& inv = *c.invertibility;
+    j["invertibility"] = {{"residual_lipschitz_upper", Num(inv.lip_g_upper.value())},
+                          {"certified_invertible", inv.certified},
+                          {"bi_lipschitz_lower", Num(inv.bi_lipschitz_lower.value())},
+                          {"bi_lipschitz_upper", Num(inv.bi_lipschitz_upper.value())}};
+  }
+  j["numerics"] = {{"rounding_model", c.rounding_model}, {"exp_backend", c.exp_backend}};
+  j["status"] = CertificateStatusToString(c.status);
+  j["branch_and_bound"] = {{"pieces_explored", c.pieces_explored}, {"open_pieces", c.open_pieces}};
+  j["elapsed_s"] = c.elapsed_s;
+  return j;
+}
+
+std::string Summary(const Certificate& c) {
+  std::ostringstream os;
+  os.precision(6);
+  os << c.provenance.model_path << " layer " << c.provenance.layer_index << " (" << c.kind
+     << ", D=" << c.d_model << ", H=" << c.heads << (c.causal ? ", causal" : "")
+     << (c.layer_norm ? ", X+MHA(LN(X))" : "") << ")\n";
+  os << "  set " << SetKindToString(c.set) << " radius " << c.radius << " around " << c.provenance.centre_source
+     << " (N=" << c.tokens << "), norm " << NormKindToString(c.norm) << "\n";
+  os << "  certified upper " << c.upper_bound.value() << "   witnessed lower " << c.lower_bound.value()
+     << "   gap " << c.gap() << "   [" << CertificateStatusToString(c.status) << ", " << c.elapsed_s << " s]\n";
+  os << "  engines:";
+  for (const EngineResult& e : c.engines) os << " " << e.name << "=" << e.upper.value();
+  os << "\n";
+  if (c.invertibility)
+    os << "  residual Lip(g) <= " << c.invertibility->lip_g_upper.value()
+       << (c.invertibility->certified ? "  -> certified invertible on the set" : "  (invertibility not certified)")
+       << "\n";
+  return os.str();
+}
+
+void WriteFileAtomic(const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  {
+    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+    if (!f) throw std::runtime_error(path + ": cannot open for writing");
+    f << text;
+    f.flush();
+    if (!f) {
+      std::remove(tmp.c_str());
+      throw std::runtime_error(path + ": write failed");
+    }
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    std::remove(tmp.c_str());
+    throw std::runtime_error(path + ": cannot rename temporary file into place");
+  }
+}
+
+}  // namespace lipcert

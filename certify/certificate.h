@@ -1,0 +1,85 @@
+// The certificate: what lipcert proves about one layer over one input set, and how.
+// Serialised as JSON with schema "lipcert.certificate/1" (docs/certificate.md).
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "certify/input_set.h"
+#include "interval/rounding.h"
+
+namespace lipcert {
+
+enum class CertificateStatus {
+  kTolerance,  // upper <= (1 + tolerance) lower: done
+  kTimeLimit,  // stopped by the time limit with open pieces left
+  kExhausted,  // every piece bounded, tolerance not reached (engines at their limit)
+};
+const char* CertificateStatusToString(CertificateStatus s);
+
+// Where the numbers came from (everything a reader needs to reproduce the run).
+struct Provenance {
+  std::string model_path;
+  std::string model_sha256;
+  std::string preset;
+  int layer_index = 0;        // index of the layer in the checkpoint
+  std::string centre_source;  // "zero", "file.npy", "file.safetensors:x0"
+};
+
+struct EngineResult {
+  std::string name;           // "block_norm", "centred", "branch_and_bound", "closed_form/castin", ...
+  UpperBound upper{kInf};     // certified (+inf when the engine does not apply)
+  double seconds = 0;
+  std::string note;           // why it did not apply, or pieces explored
+};
+
+// For the sublayer X + g(X): certified invertible on the set when Lip(g) < 1.
+struct Invertibility {
+  UpperBound lip_g_upper{kInf};   // certified upper bound on Lip(g | S)
+  bool certified = false;         // lip_g_upper < 1
+  LowerBound bi_lipschitz_lower{0};  // 1 - lip_g_upper when certified
+  UpperBound bi_lipschitz_upper{kInf};  // min(1 + lip_g_upper, upper_bound)
+};
+
+struct WitnessSummary {
+  std::string origin;
+  double value = 0;           // floating estimate at the witness
+  LowerBound lower{0};        // rigorous
+};
+
+struct Certificate {
+  Provenance provenance;
+  // The layer.
+  std::string kind;           // "dot" | "l2"
+  int d_model = 0, heads = 0, head_dim_qk = 0, head_dim_v = 0, tokens = 0;
+  bool causal = false, layer_norm = false, biases = false;
+  // The set and the norm.
+  SetKind set = SetKind::kBall;
+  double radius = 0;
+  double centre_frobenius_norm = 0;
+  NormKind norm = NormKind::kL2;
+  // The result.
+  UpperBound upper_bound{kInf};   // certified: sup_S ||J|| <= upper_bound
+  LowerBound lower_bound{0};      // witnessed and rigorously evaluated
+  std::vector<EngineResult> engines;
+  WitnessSummary witness;
+  std::optional<Invertibility> invertibility;
+  std::string rounding_model, exp_backend;
+  CertificateStatus status = CertificateStatus::kTimeLimit;
+  double elapsed_s = 0;
+  int pieces_explored = 0, open_pieces = 0;
+
+  // upper / lower (+inf when the lower bound is 0).
+  double gap() const;
+};
+
+nlohmann::json ToJson(const Certificate& c);
+// A short human summary (a few lines).
+std::string Summary(const Certificate& c);
+// Writes `text` to `path` atomically (temporary file in the same folder, then rename):
+// a reader never sees a partial file. Throws std::runtime_error on failure.
+void WriteFileAtomic(const std::string& path, const std::string& text);
+
+}  // namespace lipcert

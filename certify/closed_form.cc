@@ -1,0 +1,98 @@
+#include "certify/closed_form.h"
+
+#include <cmath>
+
+#include "certify/jacobian_bounds.h"
+#include "interval/elementary.h"
+#include "interval/norms.h"
+
+namespace lipcert {
+
+double LambertW0Upper(double x) {
+  if (x <= 0) return 0.0;
+  // Newton on w e^w = x in double, then step up until w e^w >= x is proven.
+  double w = x < 1 ? x : std::log(x);
+  for (int i = 0; i < 100; ++i) {
+    const double f = w * std::exp(w) - x;
+    w -= f / (std::exp(w) * (w + 1));
+  }
+  if (!(w > 0)) w = x;
+  // w e^w is increasing on w >= 0: if the lower bound of w e^w is >= x then W0(x) <= w.
+  while (MulDown(w, ExpLower(w)) < x) w = AddUp(w, std::max(std::fabs(w) * 1e-15, 1e-300));
+  return w;
+}
+
+namespace {
+
+double MaxTokenNormUp(const TokenCover& c) {
+  double r = 0;
+  for (Eigen::Index i = 0; i < c.center.rows(); ++i) {
+    double s = 0;
+    for (Eigen::Index j = 0; j < c.center.cols(); ++j) s = AddUp(s, MulUp(c.center(i, j), c.center(i, j)));
+    r = std::max(r, AddUp(SqrtUp(s), c.radius(i)));
+  }
+  return r;
+}
+
+// Stacks a bias column onto a weight block: [W b] (biases absent -> zero column).
+Eigen::MatrixXd Augment(const Eigen::MatrixXd& w, const Eigen::VectorXd& b, int off) {
+  Eigen::MatrixXd a(w.rows(), w.cols() + 1);
+  a.leftCols(w.cols()) = w;
+  a.col(w.cols()) = b.size() ? Eigen::VectorXd(b.segment(off, w.rows())) : Eigen::VectorXd::Zero(w.rows());
+  return a;
+}
+
+UpperBound Castin(const AttentionLayer& L, const TokenCover& z) {
+  const int n = int(z.center.rows());
+  const bool bias = L.has_bias();
+  double r = MaxTokenNormUp(z);
+  if (bias) r = SqrtUp(AddUp(MulUp(r, r), 1.0));
+  const double r4 = MulUp(MulUp(r, r), MulUp(r, r));
+  const double inv_sqrt_dk = DivUp(1.0, SqrtDown(double(L.head_dim_qk)));
+  double total = 0;
+  for (int h = 0; h < L.heads; ++h) {
+    const int oq = h * L.head_dim_qk, ov = h * L.head_dim_v;
+    Eigen::MatrixXd wq = L.wq_head(h), wk = L.wk_head(h), wv = L.wv_head(h);
+    if (bias) {
+      wq = Augment(wq, L.bq, oq);
+      wk = Augment(wk, L.bk, oq);
+      wv = Augment(wv, L.bv, ov);
+    }
+    // ||A||_2 <= ||Wq^T Wk||_2 / sqrt(dk), enclosing the product rigorously.
+    const double a = MulUp(NormL2UpperInterval(Mul(Eigen::MatrixXd(wq.transpose()), wk)).value(), inv_sqrt_dk);
+    const double inner = AddUp(MulUp(MulUp(MulUp(a, a), r4), double(4 * n + 1)), double(n));
+    const double head = MulUp(MulUp(SqrtUp(3.0), NormL2Upper(wv).value()), SqrtUp(inner));
+    total = AddUp(total, MulUp(NormL2Upper(Eigen::MatrixXd(L.wo_head(h))).value(), head));
+  }
+  return UpperBound(total);
+}
+
+UpperBound Kim(const AttentionLayer& L, int n) {
+  const double w0 = LambertW0Upper(DivUp(double(n - 1), ExpLower(1.0)));
+  const double factor = AddUp(MulUp(4.0, w0), 1.0);
+  double s = 0;
+  for (int h = 0; h < L.heads; ++h) {
+    const double q = NormL2Upper(Eigen::MatrixXd(L.wq_head(h))).value();
+    const double v = NormL2Upper(Eigen::MatrixXd(L.wv_head(h))).value();
+    s = AddUp(s, MulUp(MulUp(q, q), MulUp(v, v)));
+  }
+  const double pre = DivUp(SqrtUp(double(n)), SqrtDown(double(L.head_dim_qk)));
+  return UpperBound(MulUp(MulUp(MulUp(pre, factor), SqrtUp(s)), NormL2Upper(L.wo).value()));
+}
+
+}  // namespace
+
+std::vector<ClosedFormBound> ClosedFormBounds(const AttentionLayer& L, const InputSet& set, NormKind norm) {
+  std::vector<ClosedFormBound> out;
+  if (norm != NormKind::kL2 || L.causal) return out;
+  double ell = 1;
+  const TokenCover z = MhaInputCover(L, CoverOf(set), &ell);
+  auto wrap = [&](UpperBound mha) {
+    return L.layer_norm ? UpperBound(AddUp(1.0, MulUp(ell, mha.value()))) : mha;
+  };
+  if (L.kind == AttentionKind::kDot) out.push_back({"closed_form/castin", wrap(Castin(L, z))});
+  if (L.kind == AttentionKind::kL2) out.push_back({"closed_form/kim", wrap(Kim(L, set.tokens()))});
+  return out;
+}
+
+}  // namespace lipcert

@@ -1,0 +1,36 @@
+// Closed-form certificates: the published bounds, with every weight norm bounded
+// rigorously. They are the baselines every other engine must beat.
+//
+//   closed_form/castin   dot-product attention on B_R^N (Castin, Ablin, Peyre, ICML 2024):
+//       Lip(head | B_R^N) <= sqrt(3) ||V||_2 (||A||_2^2 R^4 (4N + 1) + N)^{1/2},
+//       A = Wq_h^T Wk_h / sqrt(dk), V = Wv_h; biases enter by augmenting every token with a
+//       constant 1 (R -> sqrt(R^2 + 1)); heads combine through ||Wo_h||_2. Norm 2, no mask.
+//   closed_form/kim      L2 attention (Kim, Papamakarios, Mnih, ICML 2021, Theorem 3.2), global:
+//       Lip_2 <= sqrt(N)/sqrt(dk) (4 W0((N-1)/e) + 1) sqrt(sum_h ||Wq_h||^2 ||Wv_h||^2) ||Wo||_2.
+//       Norm 2, no mask.
+// With the sublayer X + MHA(LN(X)) both become 1 + ell * bound, ell >= sup ||J_LN|| over
+// the set, and R is the largest token norm of LN(X) over the set.
+#pragma once
+
+#include <optional>
+#include <string>
+
+#include "certify/input_set.h"
+#include "interval/rounding.h"
+#include "models/attention_layer.h"
+
+namespace lipcert {
+
+struct ClosedFormBound {
+  std::string name;   // "closed_form/castin", "closed_form/kim"
+  UpperBound upper{kInf};
+};
+
+// The closed-form bounds that apply to this layer, set and norm (possibly none).
+std::vector<ClosedFormBound> ClosedFormBounds(const AttentionLayer& layer, const InputSet& set,
+                                              NormKind norm);
+
+// Upper bound on the principal branch W0(x) of the Lambert W function, x >= 0.
+double LambertW0Upper(double x);
+
+}  // namespace lipcert

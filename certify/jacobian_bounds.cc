@@ -1,0 +1,556 @@
+#include "certify/jacobian_bounds.h"
+
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+#include <vector>
+
+#include "interval/elementary.h"
+#include "interval/interval_matrix.h"
+#include "interval/norms.h"
+#include "interval/softmax.h"
+
+namespace lipcert {
+namespace {
+
+// ---------------------------------------------------------------------------------------
+// Rigorous helpers on vectors. "Up" results are >= the exact real value.
+// ---------------------------------------------------------------------------------------
+
+// ||m||_p where m >= 0 entrywise is a vector of magnitude bounds. With `dual`, the dual
+// norm q instead (2 -> 2, inf -> 1): a block a g^T has ||a g^T||_p = ||a||_p ||g||_q.
+double NormUpOfMagnitudes(const Eigen::VectorXd& m, NormKind p, bool dual) {
+  if (p == NormKind::kL2) {
+    double s = 0;
+    for (Eigen::Index i = 0; i < m.size(); ++i) s = AddUp(s, MulUp(m(i), m(i)));
+    return SqrtUp(s);
+  }
+  if (dual) {  // 1-norm
+    double s = 0;
+    for (Eigen::Index i = 0; i < m.size(); ++i) s = AddUp(s, m(i));
+    return s;
+  }
+  return m.size() ? m.maxCoeff() : 0.0;  // inf-norm, exact
+}
+
+// Magnitude bounds of row r of an interval matrix: |mid| + rad, rounded up.
+Eigen::VectorXd RowMagnitude(const IntervalMatrix& a, Eigen::Index r) {
+  Eigen::VectorXd m(a.cols());
+  for (Eigen::Index c = 0; c < a.cols(); ++c) m(c) = AddUp(std::fabs(a.mid(r, c)), a.rad(r, c));
+  return m;
+}
+
+// Upper bounds on ||row_j - row_k|| for all pairs, over everything the enclosure holds.
+Eigen::MatrixXd PairDistanceUp(const IntervalMatrix& a, NormKind p, bool dual) {
+  const Eigen::Index n = a.rows(), d = a.cols();
+  Eigen::MatrixXd out = Eigen::MatrixXd::Zero(n, n);
+  Eigen::VectorXd m(d);
+  for (Eigen::Index j = 0; j < n; ++j)
+    for (Eigen::Index k = j + 1; k < n; ++k) {
+      for (Eigen::Index c = 0; c < d; ++c) {
+        const double diff = std::max(SubUp(a.mid(j, c), a.mid(k, c)), SubUp(a.mid(k, c), a.mid(j, c)));
+        m(c) = AddUp(diff, AddUp(a.rad(j, c), a.rad(k, c)));
+      }
+      out(j, k) = out(k, j) = NormUpOfMagnitudes(m, p, dual);
+    }
+  return out;
+}
+
+// Lower bounds on the Euclidean distance between rows (for l2 logits).
+Eigen::MatrixXd PairDistanceL2Down(const IntervalMatrix& a) {
+  const Eigen::Index n = a.rows(), d = a.cols();
+  Eigen::MatrixXd out = Eigen::MatrixXd::Zero(n, n);
+  for (Eigen::Index j = 0; j < n; ++j)
+    for (Eigen::Index k = j + 1; k < n; ++k) {
+      double s = 0;
+      for (Eigen::Index c = 0; c < d; ++c) {
+        const double diff = std::max(SubDown(a.mid(j, c), a.mid(k, c)), SubDown(a.mid(k, c), a.mid(j, c)));
+        const double g = SubDown(diff, AddUp(a.rad(j, c), a.rad(k, c)));
+        if (g > 0) s = AddDown(s, MulDown(g, g));
+      }
+      out(j, k) = out(k, j) = s > 0 ? SqrtDown(s) : 0.0;
+    }
+  return out;
+}
+
+// ||M||_{2 -> p} (dual: 2 -> q) of an interval matrix, upper bound.
+double OperatorNormFromL2Up(const IntervalMatrix& m, NormKind p, bool dual) {
+  if (p == NormKind::kL2) return NormL2UpperInterval(m).value();
+  double out = 0;
+  for (Eigen::Index r = 0; r < m.rows(); ++r) {
+    const double rn = NormUpOfMagnitudes(RowMagnitude(m, r), NormKind::kL2, false);
+    out = dual ? AddUp(out, rn) : std::max(out, rn);  // 2 -> 1: sum of row norms; 2 -> inf: max
+  }
+  return out;
+}
+
+// ||M||_p -> p operator norm of an interval matrix, upper bound.
+double OperatorNormUp(const IntervalMatrix& m, NormKind p) {
+  return p == NormKind::kL2 ? NormL2UpperInterval(m).value() : NormInfUpper(m).value();
+}
+
+// ||B||_p of a nonnegative matrix of block bounds.
+double NonnegNormUp(const Eigen::MatrixXd& b, NormKind p) {
+  if (p == NormKind::kL2) return NormL2UpperNonneg(b).value();
+  double out = 0;
+  for (Eigen::Index r = 0; r < b.rows(); ++r) {
+    double s = 0;
+    for (Eigen::Index c = 0; c < b.cols(); ++c) s = AddUp(s, b(r, c));
+    out = std::max(out, s);
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------
+// Geometry of one head at the cover's centre (the MHA input), enclosed rigorously.
+// ---------------------------------------------------------------------------------------
+struct HeadGeometry {
+  bool dot = true;
+  IntervalMatrix q, k;      // (N, dk) centre queries / keys (k == q for l2)
+  IntervalMatrix u;         // (N, D) output-space values Wo_h v_j
+  IntervalMatrix g;         // dot: rows Wk^T q_i / sqrt(dk); l2: rows Wq^T q_i / sqrt(dk)
+  IntervalMatrix b;         // dot: rows Wq^T k_j / sqrt(dk); l2: same as g
+  IntervalMatrix w;         // (D, D) W_h = Wo_h M_h
+  IntervalMatrix logits;    // dot: centre logits (N, N)
+  Eigen::MatrixXd dq_lo, dq_hi;  // l2: Euclidean distances of centre query rows
+  Eigen::MatrixXd du;       // ||u_j - u_k||_p, centre
+  Eigen::MatrixXd dg;       // l2: ||g_j - g_k||_q, centre
+  Eigen::MatrixXd db;       // dot: ||b_j - b_k||_q, centre (l2: == dg)
+  Eigen::VectorXd g_norm;   // dot: ||g_i||_q, centre
+  double c_u = 0;      // ||W_h||_{2->p}: how far u_j moves per unit of ||z_j||
+  double c_g = 0;      // dot: ||Wk^T Wq||_{2->q}/sqrt(dk); l2: ||Wq^T Wq||_{2->q}/sqrt(dk)
+  double c_b = 0;      // dot: ||Wq^T Wk||_{2->q}/sqrt(dk); l2: == c_g
+  double c_logit = 0;  // dot: ||Wq^T Wk||_2/sqrt(dk); l2: ||Wq||_2
+  double w_norm = 0;   // ||W_h||_p
+  Interval inv_sqrt_dk;  // 1/sqrt(dk)
+};
+
+HeadGeometry Geometry(const AttentionLayer& L, int h, const Eigen::MatrixXd& zc, NormKind p) {
+  HeadGeometry G;
+  G.dot = L.kind == AttentionKind::kDot;
+  const int n = int(zc.rows());
+  const Interval inv_sqrt_dk = Interval(1.0) / Sqrt(Interval(double(L.head_dim_qk)));
+  G.inv_sqrt_dk = inv_sqrt_dk;
+  const Eigen::MatrixXd wq = L.wq_head(h), wk = L.wk_head(h), wo = L.wo_head(h);
+  const Eigen::MatrixXd wv = L.wv_head(h);
+  auto add_bias = [n](IntervalMatrix m, const Eigen::VectorXd& bias, int off, int len) {
+    if (bias.size() == 0) return m;
+    const Eigen::MatrixXd rows = bias.segment(off, len).transpose().replicate(n, 1);
+    return m + IntervalMatrix::Point(rows);
+  };
+  G.q = add_bias(Mul(zc, Eigen::MatrixXd(wq.transpose())), L.bq, h * L.head_dim_qk, L.head_dim_qk);
+  // W_h = Wo_h M_h with M_h = Wv_h (dot) or Wv_h Wq_h^T Wq_h / sqrt(dk) (l2).
+  IntervalMatrix m_h = IntervalMatrix::Point(wv);
+  if (!G.dot) m_h = Scale(inv_sqrt_dk, Mul(Mul(wv, Eigen::MatrixXd(wq.transpose())), IntervalMatrix::Point(wq)));
+  G.w = Mul(wo, m_h);
+  // u_j = Wo_h (M_h z_j + bv_h) = W_h z_j + Wo_h bv_h.
+  G.u = Mul(IntervalMatrix::Point(zc), G.w.transpose());
+  if (L.bv.size()) {
+    const IntervalMatrix ob = Mul(wo, Eigen::MatrixXd(L.bv.segment(h * L.head_dim_v, L.head_dim_v)));
+    G.u = G.u + IntervalMatrix(ob.mid.transpose().replicate(n, 1), ob.rad.transpose().replicate(n, 1));
+  }
+  G.c_u = OperatorNormFromL2Up(G.w, p, false);
+  G.w_norm = OperatorNormUp(G.w, p);
+  if (G.dot) {
+    G.k = add_bias(Mul(zc, Eigen::MatrixXd(wk.transpose())), L.bk, h * L.head_dim_qk, L.head_dim_qk);
+    G.logits = Scale(inv_sqrt_dk, Mul(G.q, G.k.transpose()));
+    G.g = Scale(inv_sqrt_dk, Mul(G.q, wk));
+    G.b = Scale(inv_sqrt_dk, Mul(G.k, wq));
+    const IntervalMatrix qk = Scale(inv_sqrt_dk, Mul(Eigen::MatrixXd(wq.transpose()), wk));  // Wq^T Wk / sqrt(dk)
+    G.c_logit = NormL2UpperInterval(qk).value();
+    G.c_g = OperatorNormFromL2Up(qk.transpose(), p, true);
+    G.c_b = OperatorNormFromL2Up(qk, p, true);
+    G.g_norm.resize(n);
+    for (int i = 0; i < n; ++i) G.g_norm(i) = NormUpOfMagnitudes(RowMagnitude(G.g, i), p, true);
+    G.db = PairDistanceUp(G.b, p, true);
+  } else {
+    G.k = G.q;
+    G.g = Scale(inv_sqrt_dk, Mul(G.q, wq));
+    G.b = G.g;
+    const IntervalMatrix qq = Scale(inv_sqrt_dk, GramEnclosure(wq));  // Wq^T Wq / sqrt(dk)
+    G.c_logit = NormL2Upper(wq).value();
+    G.c_g = G.c_b = OperatorNormFromL2Up(qq, p, true);
+    G.dq_lo = PairDistanceL2Down(G.q);
+    G.dq_hi = PairDistanceUp(G.q, NormKind::kL2, false);
+    G.dg = PairDistanceUp(G.g, p, true);
+    G.db = G.dg;
+  }
+  G.du = PairDistanceUp(G.u, p, false);
+  return G;
+}
+
+// ---------------------------------------------------------------------------------------
+// Factor bounds over a cover of the MHA input: centre = geometry's centre, radius rho.
+// ---------------------------------------------------------------------------------------
+struct FactorBounds {
+  Eigen::MatrixXd p_lo, p_hi;  // softmax range (0 where masked)
+  Eigen::MatrixXd a_sup;       // sup ||a_ij||_p
+  Eigen::MatrixXd g_sup;       // sup ||g_ij||_q
+  Eigen::MatrixXd b_sup;       // sup ||b_ij||_q
+};
+
+// sum_k P_ik d_jk over the unmasked k, for P_i in [p_lo, p_hi] with sum_k P_ik = 1:
+// at most min(max_k d_jk, sum_k p_hi_ik d_jk).
+double MeanDistanceUp(const Eigen::MatrixXd& p_hi, const Eigen::MatrixXd& d, int i, int j, int len) {
+  double mx = 0, s = 0;
+  for (int k = 0; k < len; ++k) {
+    mx = std::max(mx, d(j, k));
+    s = AddUp(s, MulUp(p_hi(i, k), d(j, k)));
+  }
+  return std::min(mx, s);
+}
+
+FactorBounds Bounds(const HeadGeometry& G, const Eigen::VectorXd& rho, bool causal) {
+  const int n = int(rho.size());
+  FactorBounds F;
+  // Logit box.
+  Eigen::MatrixXd lo(n, n), hi(n, n);
+  if (G.dot) {
+    // s_ij - s0_ij = g_i . dz_j + b_j . dz_i + dz_i^T (Wq^T Wk / sqrt dk) dz_j.
+    for (int i = 0; i < n; ++i) {
+      const double gi = NormUpOfMagnitudes(RowMagnitude(G.g, i), NormKind::kL2, false);
+      for (int j = 0; j < n; ++j) {
+        const double bj = NormUpOfMagnitudes(RowMagnitude(G.b, j), NormKind::kL2, false);
+        const double delta = AddUp(AddUp(MulUp(gi, rho(j)), MulUp(bj, rho(i))),
+                                   MulUp(G.c_logit, MulUp(rho(i), rho(j))));
+        const Interval s0 = G.logits(i, j);
+        lo(i, j) = SubDown(s0.lo, delta);
+        hi(i, j) = AddUp(s0.hi, delta);
+      }
+    }
+  } else {
+    // s_ij = -||q_i - q_j||^2 / sqrt(dk), ||q_i - q_j|| within eta of the centre's distance.
+    for (int i = 0; i < n; ++i)
+      for (int j = 0; j < n; ++j) {
+        const double eta = MulUp(G.c_logit, AddUp(rho(i), rho(j)));
+        const double dmax = AddUp(G.dq_hi(i, j), eta);
+        const double dmin = std::max(0.0, SubDown(G.dq_lo(i, j), eta));
+        lo(i, j) = -MulUp(MulUp(dmax, dmax), G.inv_sqrt_dk.hi);
+        hi(i, j) = -MulDown(MulDown(dmin, dmin), G.inv_sqrt_dk.lo);
+      }
+  }
+  F.p_lo = Eigen::MatrixXd::Zero(n, n);
+  F.p_hi = Eigen::MatrixXd::Zero(n, n);
+  for (int i = 0; i < n; ++i) {
+    const int len = causal ? i + 1 : n;
+    const ProbabilityBounds pb = SoftmaxRange(lo.row(i).transpose(), hi.row(i).transpose(), len,
+                                              DefaultExpBackend());
+    F.p_lo.row(i) = pb.lo.transpose();
+    F.p_hi.row(i) = pb.hi.transpose();
+  }
+  // Distances over the cover.
+  F.a_sup.resize(n, n);
+  F.g_sup.resize(n, n);
+  F.b_sup.resize(n, n);
+  Eigen::MatrixXd du(n, n), db(n, n), dg(n, n);
+  for (int j = 0; j < n; ++j)
+    for (int k = 0; k < n; ++k) {
+      du(j, k) = AddUp(G.du(j, k), MulUp(G.c_u, AddUp(rho(j), rho(k))));
+      db(j, k) = AddUp(G.db(j, k), MulUp(G.c_b, AddUp(rho(j), rho(k))));
+      if (!G.dot) dg(j, k) = AddUp(G.dg(j, k), MulUp(G.c_g, AddUp(rho(j), rho(k))));
+    }
+  for (int i = 0; i < n; ++i) {
+    const int len = causal ? i + 1 : n;
+    for (int j = 0; j < n; ++j) {
+      if (j >= len) {
+        F.a_sup(i, j) = F.g_sup(i, j) = F.b_sup(i, j) = 0;
+        continue;
+      }
+      F.a_sup(i, j) = MeanDistanceUp(F.p_hi, du, i, j, len);
+      const double bmean = MeanDistanceUp(F.p_hi, db, i, j, len);
+      if (G.dot) {
+        F.g_sup(i, j) = AddUp(G.g_norm(i), MulUp(G.c_g, rho(i)));
+        F.b_sup(i, j) = bmean;
+      } else {
+        F.g_sup(i, j) = MulUp(2.0, dg(i, j));
+        F.b_sup(i, j) = MulUp(2.0, bmean);
+      }
+    }
+  }
+  return F;
+}
+
+
+// ---------------------------------------------------------------------------------------
+// The MHA input over the cover: z = LN(x) (or x), its centre and per-token radii.
+// ---------------------------------------------------------------------------------------
+struct MhaInput {
+  Eigen::MatrixXd zc;            // centre of the z-cover (exact doubles)
+  Eigen::VectorXd rho_z;         // ||z_j - zc_j||_2 <= rho_z_j over the set
+  Eigen::VectorXd ell;           // sup ||J_LN(x_j)||_p over the set (1 without LayerNorm)
+  Eigen::VectorXd delta_ln;      // sup ||J_LN(x_j) - J_LN(x0_j)||_2 (0 without LayerNorm)
+  std::vector<IntervalMatrix> ln_jac;  // J_LN(x0_j) enclosures (with LayerNorm)
+  bool residual = false;
+};
+
+MhaInput MhaInputOver(const AttentionLayer& L, const TokenCover& cover, NormKind p) {
+  MhaInput m;
+  const int n = int(cover.center.rows()), d = int(cover.center.cols());
+  m.ell = Eigen::VectorXd::Ones(n);
+  m.delta_ln = Eigen::VectorXd::Zero(n);
+  if (!L.layer_norm) {
+    m.zc = cover.center;
+    m.rho_z = cover.radius;
+    return m;
+  }
+  m.residual = true;
+  const LayerNormParams& ln = *L.layer_norm;
+  const double gmax = ln.gamma.cwiseAbs().maxCoeff();
+  const Interval dd{double(d)}, eps{ln.eps};
+  const double sqrt_d_lo = SqrtDown(double(d));
+  m.zc.resize(n, d);
+  m.rho_z.resize(n);
+  for (int j = 0; j < n; ++j) {
+    const Eigen::RowVectorXd x = cover.center.row(j);
+    Interval sum(0.0);
+    for (int a = 0; a < d; ++a) sum += Interval(x(a));
+    const Interval mean = sum / dd;
+    std::vector<Interval> c(d);
+    Interval sq(0.0);
+    double cn_lo2 = 0, cn_hi2 = 0;
+    for (int a = 0; a < d; ++a) {
+      c[a] = Interval(x(a)) - mean;
+      sq += Sqr(c[a]);
+      cn_lo2 = AddDown(cn_lo2, MulDown(c[a].Mig(), c[a].Mig()));
+      cn_hi2 = AddUp(cn_hi2, MulUp(c[a].Mag(), c[a].Mag()));
+    }
+    const Interval sigma0 = Sqrt(sq / dd + eps);
+    const double rho = cover.radius(j);
+    const double cn_lo = SqrtDown(cn_lo2), cn_hi = SqrtUp(cn_hi2);
+    const double shrunk = std::max(0.0, SubDown(cn_lo, rho));
+    const double sigma_lo = SqrtDown(AddDown(DivDown(MulDown(shrunk, shrunk), double(d)), ln.eps));
+    const double grown = AddUp(cn_hi, rho);
+    const double sigma_hi = SqrtUp(AddUp(DivUp(MulUp(grown, grown), double(d)), ln.eps));
+    const double ell2 = DivUp(gmax, sigma_lo);
+    // ||J_LN||_inf <= max|gamma| (||I - 11^T/D||_inf + ||xhat||_inf ||xhat||_1 / D) / sigma
+    //             <= max|gamma| (2 + sqrt(D)) / sigma.
+    m.ell(j) = p == NormKind::kL2 ? ell2 : DivUp(MulUp(gmax, AddUp(2.0, SqrtUp(double(d)))), sigma_lo);
+    // Centre z0 = gamma * c / sigma0 + beta, enclosed; the cover's centre is its midpoint.
+    std::vector<Interval> xhat(d);
+    double err2 = 0;
+    for (int a = 0; a < d; ++a) {
+      xhat[a] = c[a] / sigma0;
+      const Interval z = Interval(ln.gamma(a)) * xhat[a] + Interval(ln.beta(a));
+      const double mid = 0.5 * z.lo + 0.5 * z.hi;
+      m.zc(j, a) = mid;
+      const double e = std::max(SubUp(z.hi, mid), SubUp(mid, z.lo));
+      err2 = AddUp(err2, MulUp(e, e));
+    }
+    m.rho_z(j) = AddUp(MulUp(ell2, rho), SqrtUp(err2));
+    // ||J_LN(x) - J_LN(x0)||_2 <= max|gamma| [(1/sigma_lo - 1/sigma_hi) + 2 rho / (sigma_lo^2 sqrt(D))].
+    const double t1 = SubUp(DivUp(1.0, sigma_lo), DivDown(1.0, sigma_hi));
+    const double t2 = DivUp(MulUp(2.0, rho), MulDown(MulDown(sigma_lo, sigma_lo), sqrt_d_lo));
+    m.delta_ln(j) = MulUp(gmax, AddUp(std::max(t1, 0.0), t2));
+    // J_LN(x0_j) = diag(gamma) (I - 11^T/D - xhat xhat^T / D) / sigma0.
+    Eigen::MatrixXd lo(d, d), hi(d, d);
+    const Interval inv_d = Interval(1.0) / dd;
+    const Interval inv_sigma = Interval(1.0) / sigma0;
+    for (int a = 0; a < d; ++a)
+      for (int b = 0; b < d; ++b) {
+        Interval e = -(inv_d + xhat[a] * xhat[b] * inv_d);
+        if (a == b) e += Interval(1.0);
+        e = Interval(ln.gamma(a)) * e * inv_sigma;
+        lo(a, b) = e.lo;
+        hi(a, b) = e.hi;
+      }
+    m.ln_jac.push_back(IntervalMatrix::FromBounds(lo, hi));
+  }
+  return m;
+}
+
+// ||B diag(s)||_p for a nonnegative block-bound matrix B.
+double ScaledNonnegNormUp(Eigen::MatrixXd b, const Eigen::VectorXd& s, NormKind p) {
+  for (Eigen::Index j = 0; j < b.cols(); ++j)
+    for (Eigen::Index i = 0; i < b.rows(); ++i) b(i, j) = MulUp(b(i, j), s(j));
+  return NonnegNormUp(b, p);
+}
+
+// ||P (x) W||_p <= ||P||_p ||W||_p, and P's rows sum to one: ||P||_inf = 1.
+double ProbabilityNormUp(const Eigen::MatrixXd& p_hi, NormKind p) {
+  return p == NormKind::kL2 ? NonnegNormUp(p_hi, p) : 1.0;
+}
+
+// sum over the unmasked k of w_ik d_jk.
+double WeightedSumUp(const Eigen::MatrixXd& w, const Eigen::MatrixXd& d, int i, int j, int len) {
+  double s = 0;
+  for (int k = 0; k < len; ++k) s = AddUp(s, MulUp(w(i, k), d(j, k)));
+  return s;
+}
+
+// The dense enclosure of J_MHA at the z-centre (ND x ND, row-major token blocks).
+IntervalMatrix DenseMhaJacobian(const AttentionLayer& L, const std::vector<HeadGeometry>& geo,
+                                const std::vector<FactorBounds>& centre, int n, int d) {
+  Eigen::MatrixXd mid = Eigen::MatrixXd::Zero(n * d, n * d), rad = Eigen::MatrixXd::Zero(n * d, n * d);
+  auto accumulate = [&](int i, int j, const IntervalMatrix& blk) {
+    IntervalMatrix cur(mid.block(i * d, j * d, d, d), rad.block(i * d, j * d, d, d));
+    cur = cur + blk;
+    mid.block(i * d, j * d, d, d) = cur.mid;
+    rad.block(i * d, j * d, d, d) = cur.rad;
+  };
+  for (int h = 0; h < L.heads; ++h) {
+    const HeadGeometry& G = geo[h];
+    const IntervalMatrix p0 = IntervalMatrix::FromBounds(centre[h].p_lo, centre[h].p_hi);
+    const IntervalMatrix ubar = Mul(p0, G.u);
+    const IntervalMatrix bbar = Mul(p0, G.b);
+    for (int i = 0; i < n; ++i) {
+      const int len = L.causal ? i + 1 : n;
+      // a_ik and b_ik rows for k < len.
+      std::vector<IntervalMatrix> a(len), b(len);
+      const IntervalMatrix ui = IntervalMatrix(ubar.mid.row(i), ubar.rad.row(i));
+      const IntervalMatrix bi = IntervalMatrix(bbar.mid.row(i), bbar.rad.row(i));
+      for (int k = 0; k < len; ++k) {
+        a[k] = IntervalMatrix(G.u.mid.row(k), G.u.rad.row(k)) - ui;  // 1 x D
+        b[k] = IntervalMatrix(G.b.mid.row(k), G.b.rad.row(k)) - bi;
+        if (!G.dot) b[k] = Scale(Interval(2.0), b[k]);
+      }
+      IntervalMatrix e_i = IntervalMatrix::Point(Eigen::MatrixXd::Zero(d, d));
+      for (int k = 0; k < len; ++k) e_i = e_i + Scale(p0(i, k), Mul(a[k].transpose(), b[k]));
+      const IntervalMatrix gi = IntervalMatrix(G.g.mid.row(i), G.g.rad.row(i));
+      for (int j = 0; j < len; ++j) {
+        IntervalMatrix gij = gi;  // dot: Wk^T q_i / sqrt(dk)
+        if (!G.dot) gij = Scale(Interval(2.0), gi - IntervalMatrix(G.g.mid.row(j), G.g.rad.row(j)));
+        IntervalMatrix blk = Scale(p0(i, j), G.w + Mul(a[j].transpose(), gij));
+        if (i == j) blk = blk + e_i;
+        accumulate(i, j, blk);
+      }
+    }
+  }
+  return IntervalMatrix(std::move(mid), std::move(rad));
+}
+
+// J = I + J_M blockdiag(L_j) for the LayerNorm sublayer.
+IntervalMatrix ComposeWithLayerNorm(const IntervalMatrix& jm, const std::vector<IntervalMatrix>& ln, int n, int d,
+                                    bool add_identity) {
+  Eigen::MatrixXd mid(n * d, n * d), rad(n * d, n * d);
+  for (int j = 0; j < n; ++j) {
+    const IntervalMatrix col(jm.mid.middleCols(j * d, d), jm.rad.middleCols(j * d, d));
+    const IntervalMatrix prod = Mul(col, ln[j]);
+    mid.middleCols(j * d, d) = prod.mid;
+    rad.middleCols(j * d, d) = prod.rad;
+  }
+  IntervalMatrix out(std::move(mid), std::move(rad));
+  if (!add_identity) return out;
+  return out + IntervalMatrix::Point(Eigen::MatrixXd::Identity(n * d, n * d));
+}
+
+}  // namespace
+
+TokenCover MhaInputCover(const AttentionLayer& layer, const TokenCover& cover, double* ell_max) {
+  const MhaInput in = MhaInputOver(layer, cover, NormKind::kL2);
+  if (ell_max) *ell_max = in.ell.maxCoeff();
+  return TokenCover{in.zc, in.rho_z};
+}
+
+TokenCover CoverOf(const InputSet& set) {
+  TokenCover c;
+  c.center = set.center;
+  c.radius = Eigen::VectorXd::Constant(set.tokens(), set.TokenRadius());
+  return c;
+}
+
+}  // namespace lipcert
+
+namespace lipcert {
+
+UpperBound BlockNormUpperBound(const AttentionLayer& L, const TokenCover& cover, const BoundOptions& opts) {
+  const NormKind p = opts.norm;
+  const int n = int(cover.center.rows());
+  const MhaInput in = MhaInputOver(L, cover, p);
+  // J_MHA = sum_h P^h (x) W_h + R, R's blocks bounded by the N x N matrix r.
+  double kron = 0;
+  Eigen::MatrixXd full = Eigen::MatrixXd::Zero(n, n), r = Eigen::MatrixXd::Zero(n, n);
+  for (int h = 0; h < L.heads; ++h) {
+    const HeadGeometry G = Geometry(L, h, in.zc, p);
+    const FactorBounds F = Bounds(G, in.rho_z, L.causal);
+    kron = AddUp(kron, MulUp(ProbabilityNormUp(F.p_hi, p), G.w_norm));
+    for (int i = 0; i < n; ++i) {
+      const int len = L.causal ? i + 1 : n;
+      double e = 0;
+      for (int j = 0; j < len; ++j) {
+        full(i, j) = AddUp(full(i, j), MulUp(F.p_hi(i, j), G.w_norm));
+        r(i, j) = AddUp(r(i, j), MulUp(F.p_hi(i, j), MulUp(F.a_sup(i, j), F.g_sup(i, j))));
+        e = AddUp(e, MulUp(F.p_hi(i, j), MulUp(F.a_sup(i, j), F.b_sup(i, j))));
+      }
+      r(i, i) = AddUp(r(i, i), e);
+    }
+  }
+  const double ell_max = in.ell.maxCoeff();
+  const double split = AddUp(MulUp(kron, ell_max), ScaledNonnegNormUp(r, in.ell, p));
+  Eigen::MatrixXd all(n, n);
+  for (int i = 0; i < n; ++i)
+    for (int j = 0; j < n; ++j) all(i, j) = AddUp(full(i, j), r(i, j));
+  const double joint = ScaledNonnegNormUp(all, in.ell, p);
+  const double mha = std::min(split, joint);
+  return UpperBound(in.residual && !opts.exclude_residual ? AddUp(1.0, mha) : mha);
+}
+
+UpperBound CentredUpperBound(const AttentionLayer& L, const TokenCover& cover, const BoundOptions& opts) {
+  if (opts.norm != NormKind::kL2) throw std::invalid_argument("centred engine: norm 2 only");
+  const int n = int(cover.center.rows()), d = int(cover.center.cols());
+  if (long(n) * d > opts.dense_limit)
+    throw std::invalid_argument("centred engine: N*D = " + std::to_string(long(n) * d) +
+                                " exceeds dense_limit " + std::to_string(opts.dense_limit));
+  const NormKind p = NormKind::kL2;
+  const MhaInput in = MhaInputOver(L, cover, p);
+  std::vector<HeadGeometry> geo;
+  std::vector<FactorBounds> centre;
+  const Eigen::VectorXd zero = Eigen::VectorXd::Zero(n);
+  // sup ||J_M(z) - J_M(zc)|| <= kron + ||rd||, with rd the N x N block bounds.
+  double kron = 0;
+  Eigen::MatrixXd full = Eigen::MatrixXd::Zero(n, n), rd = Eigen::MatrixXd::Zero(n, n);
+  for (int h = 0; h < L.heads; ++h) {
+    geo.push_back(Geometry(L, h, in.zc, p));
+    const HeadGeometry& G = geo.back();
+    const FactorBounds F = Bounds(G, in.rho_z, L.causal);
+    centre.push_back(Bounds(G, zero, L.causal));
+    const FactorBounds& F0 = centre.back();
+    // w_ij >= |P_ij(X) - P_ij(X0)|.
+    Eigen::MatrixXd w(n, n);
+    for (int i = 0; i < n; ++i)
+      for (int j = 0; j < n; ++j)
+        w(i, j) = std::max({SubUp(F.p_hi(i, j), F0.p_lo(i, j)), SubUp(F0.p_hi(i, j), F.p_lo(i, j)), 0.0});
+    kron = AddUp(kron, MulUp(NonnegNormUp(w, p), G.w_norm));
+    for (int i = 0; i < n; ++i) {
+      const int len = L.causal ? i + 1 : n;
+      const double rho_max = in.rho_z.head(len).maxCoeff();
+      double de = 0;
+      for (int j = 0; j < len; ++j) {
+        full(i, j) = AddUp(full(i, j), MulUp(w(i, j), G.w_norm));
+        // a_ij - a0_ij = du_j - dubar_i: ||.|| <= c_u (rho_j + max_k rho_k) + sum_k w_ik ||u0_k - u0_j||.
+        const double da = AddUp(MulUp(G.c_u, AddUp(in.rho_z(j), rho_max)), WeightedSumUp(w, G.du, i, j, len));
+        double dg, db;
+        if (G.dot) {
+          dg = MulUp(G.c_g, in.rho_z(i));
+          db = AddUp(MulUp(G.c_b, AddUp(in.rho_z(j), rho_max)), WeightedSumUp(w, G.db, i, j, len));
+        } else {
+          dg = MulUp(2.0, MulUp(G.c_g, AddUp(in.rho_z(i), in.rho_z(j))));
+          db = MulUp(2.0, AddUp(MulUp(G.c_g, AddUp(in.rho_z(j), rho_max)), WeightedSumUp(w, G.dg, i, j, len)));
+        }
+        // P a g^T - P0 a0 g0^T = dP a g^T + P0 da g^T + P0 a0 dg^T (and likewise with b).
+        const double dt = AddUp(MulUp(w(i, j), MulUp(F.a_sup(i, j), F.g_sup(i, j))),
+                                MulUp(F0.p_hi(i, j), AddUp(MulUp(da, F.g_sup(i, j)), MulUp(F0.a_sup(i, j), dg))));
+        rd(i, j) = AddUp(rd(i, j), dt);
+        de = AddUp(de, AddUp(MulUp(w(i, j), MulUp(F.a_sup(i, j), F.b_sup(i, j))),
+                             MulUp(F0.p_hi(i, j), AddUp(MulUp(da, F.b_sup(i, j)), MulUp(F0.a_sup(i, j), db)))));
+      }
+      rd(i, i) = AddUp(rd(i, i), de);
+    }
+  }
+  const double ell_max = in.ell.maxCoeff();
+  Eigen::MatrixXd all(n, n);
+  for (int i = 0; i < n; ++i)
+    for (int j = 0; j < n; ++j) all(i, j) = AddUp(full(i, j), rd(i, j));
+  double delta = std::min(AddUp(MulUp(kron, ell_max), ScaledNonnegNormUp(rd, in.ell, p)),
+                          ScaledNonnegNormUp(all, in.ell, p));
+  const IntervalMatrix jm = DenseMhaJacobian(L, geo, centre, n, d);
+  IntervalMatrix j0 = jm;
+  if (in.residual) {
+    // + ||J_M(zc)|| max_j ||J_LN(x_j) - J_LN(x0_j)||.
+    // (multiplied by a small variation: the crude sqrt(||.||_1 ||.||_inf) bound serves)
+    delta = AddUp(delta, MulUp(NormL2UpperCrude(jm).value(), in.delta_ln.maxCoeff()));
+    j0 = ComposeWithLayerNorm(jm, in.ln_jac, n, d, !opts.exclude_residual);
+  }
+  return UpperBound(AddUp(NormL2UpperInterval(j0).value(), delta));
+}
+
+}  // namespace lipcert

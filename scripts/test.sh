@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Installs the dependencies, builds, and runs every test CI runs:
+#   1. the GoogleTest suites (ctest; LIPCERT_TEST_SCALE scales the property tests),
+#   2. the interval tests under gcc and clang at -O0, -O2 and -O3 -march=native,
+#   3. the safetensors fuzzer for a bounded time under ASan and UBSan.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/install-deps.sh
+bash scripts/build.sh
+ctest --test-dir build --output-on-failure -j"$(nproc)" --timeout 900
+bash scripts/interval-matrix.sh
+bash scripts/fuzz.sh "${LIPCERT_FUZZ_SECONDS:-60}"
