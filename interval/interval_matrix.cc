@@ -56,8 +56,8 @@ IntervalMatrix MulCore(const Eigen::MatrixXd& am, const Eigen::MatrixXd* ar,
     const double* pr = br ? br->data() : nullptr;
     double* pq = q.data();
     for (Eigen::Index i = 0; i < n; ++i) {
-      const double t = MulUp(gamma, std::fabs(pb[i]));
-      pq[i] = pr ? AddUp(t, pr[i]) : t;
+      const double t = MulUpLoose(gamma, std::fabs(pb[i]));
+      pq[i] = pr ? AddUpLoose(t, pr[i]) : t;
     }
   }
   Eigen::MatrixXd g(am.rows(), bm.cols());
@@ -68,21 +68,23 @@ IntervalMatrix MulCore(const Eigen::MatrixXd& am, const Eigen::MatrixXd* ar,
     const double* pb = bm.data();
     const double* pr = br ? br->data() : nullptr;
     double* pv = v.data();
-    for (Eigen::Index i = 0; i < n; ++i) pv[i] = pr ? AddUp(std::fabs(pb[i]), pr[i]) : std::fabs(pb[i]);
+    for (Eigen::Index i = 0; i < n; ++i) pv[i] = pr ? AddUpLoose(std::fabs(pb[i]), pr[i]) : std::fabs(pb[i]);
     Eigen::MatrixXd g2(am.rows(), bm.cols());
     g2.noalias() = (*ar) * v;
     const Eigen::Index m = g.size();
     double* pg = g.data();
     const double* pg2 = g2.data();
-    for (Eigen::Index i = 0; i < m; ++i) pg[i] = AddUp(pg[i], pg2[i]);
+    for (Eigen::Index i = 0; i < m; ++i) pg[i] = AddUpLoose(pg[i], pg2[i]);
   }
   c.rad.resize(g.rows(), g.cols());
   {
     const Eigen::Index m = g.size();
     const double* pg = g.data();
     double* pr = c.rad.data();
+    // 1/(1 - gamma_k), rounded up once; then three loose upward steps per entry.
+    const double inv = DivUp(1.0, one_minus_gamma);
     for (Eigen::Index i = 0; i < m; ++i)
-      pr[i] = AddUp(DivUp(AddUp(pg[i], two_keta), one_minus_gamma), keta);
+      pr[i] = AddUpLoose(MulUpLoose(AddUpLoose(pg[i], two_keta), inv), keta);
   }
   Sanitize(&c);
   return c;

@@ -169,6 +169,14 @@ inline double SqrtDown(double a) {
   return r < 0 ? NextDown(s) : s;
 }
 
+// Cheaper upper bounds, at most one ulp looser than the Up functions: in round-to-nearest
+// the exact result is less than one gap away from fl(result), so the next double up
+// bounds it (overflow to +inf stays +inf; a result that underflowed to 0 steps to eta).
+// Used in O(n^2) loops of the matrix code where the last ulp does not matter.
+inline double AddUpLoose(double a, double b) { return NextUp(a + b); }
+inline double MulUpLoose(double a, double b) { return (a == 0.0 || b == 0.0) ? 0.0 : NextUp(a * b); }
+inline double DivUpLoose(double a, double b) { return a == 0.0 ? 0.0 : NextUp(a / b); }
+
 // gamma_k = k u / (1 - k u) rounded up (Higham's constant); +inf when k u >= 1.
 double GammaUp(double k);
 
