@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "certify/witness_eval.h"
+#include "kernels/engine.h"
 #include "models/forward.h"
 
 namespace lipcert {
@@ -23,31 +24,61 @@ using Clock = std::chrono::steady_clock;
 using Eigen::MatrixXd;
 
 // ---------------------------------------------------------------------------------------
-// The Jacobian oracle: the only code here that talks to models/forward.h. Switching to the
-// batched engine (kernels/) means re-implementing these four calls.
+// The Jacobian oracle: the only code here that computes Jacobian products. It runs on the
+// batched engine (kernels/engine.h, CPU back end, one point at a time, one thread: the
+// search parallelises over starts with one Oracle per worker); the dense path for tiny
+// sizes uses models/forward.h.
+using RowMajorXd = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+
 class Oracle {
  public:
-  explicit Oracle(const AttentionLayer& layer) : layer_(layer) {}
-  using State = LayerState<double>;
-  State At(const MatrixXd& x) const { return Evaluate<double>(layer_, x); }
-  MatrixXd Jv(const State& s, const MatrixXd& v) const { return lipcert::Jvp<double>(layer_, s, v); }
-  MatrixXd JTu(const State& s, const MatrixXd& u) const { return lipcert::Vjp<double>(layer_, s, u); }
-  // Dense (ND) x (ND) Jacobian, row-major flattening i*D + a.
-  MatrixXd Dense(const State& s) const {
-    const int n = int(s.x.rows()), d = int(s.x.cols());
-    MatrixXd jac(n * d, n * d);
-    for (int c = 0; c < n * d; ++c) {
-      MatrixXd e = MatrixXd::Zero(n, d);
-      e(c / d, c % d) = 1;
-      const MatrixXd col = Jv(s, e);
-      for (int r = 0; r < n * d; ++r) jac(r, c) = col(r / d, r % d);
-    }
-    return jac;
+  Oracle(const AttentionLayer& layer, int tokens, double rel_tol, int max_iters)
+      : layer_(layer), n_(tokens), d_(layer.d_model) {
+    EngineOptions eo;
+    eo.device = Device::kCpu;
+    eo.dtype = DType::kF64;
+    eo.threads = 1;
+    eo.rel_tol = rel_tol;
+    eo.max_iters = max_iters;
+    engine_ = MakeJacobianEngine(layer, tokens, eo);
   }
-  const AttentionLayer& layer() const { return layer_; }
+  MatrixXd Jv(const MatrixXd& x, const MatrixXd& v) const {
+    RowMajorXd out(n_, d_);
+    engine_->Jvp(RowMajorXd(x).data(), RowMajorXd(v).data(), 1, out.data());
+    return out;
+  }
+  MatrixXd JTu(const MatrixXd& x, const MatrixXd& u) const {
+    RowMajorXd out(n_, d_);
+    engine_->Vjp(RowMajorXd(x).data(), RowMajorXd(u).data(), 1, out.data());
+    return out;
+  }
+  // grad_X <u, J(X) v> with u, v fixed.
+  MatrixXd PairGradient(const MatrixXd& x, const MatrixXd& u, const MatrixXd& v) const {
+    RowMajorXd out(n_, d_);
+    engine_->PairGradient(RowMajorXd(x).data(), RowMajorXd(u).data(), RowMajorXd(v).data(), 1, out.data());
+    return out;
+  }
+  // Top singular triple (sigma = ||J v||, J v = sigma u), optionally warm-started.
+  void TopSingular(const MatrixXd& x, const MatrixXd* v0, double* sigma, MatrixXd* u, MatrixXd* v) const {
+    const RowMajorXd xr(x);
+    RowMajorXd v0r;
+    if (v0) v0r = *v0;
+    const lipcert::TopSingular t = engine_->TopSingularValues(xr.data(), 1, false, v0 ? v0r.data() : nullptr);
+    *sigma = t.sigma[0];
+    *u = Eigen::Map<const RowMajorXd>(t.u.data(), n_, d_);
+    *v = Eigen::Map<const RowMajorXd>(t.v.data(), n_, d_);
+  }
+  // Dense (ND) x (ND) Jacobian, row-major flattening i*D + a (small sizes).
+  MatrixXd Dense(const MatrixXd& x) const { return DenseJacobian<double>(layer_, x); }
+  // J v through models/forward.h (the reference, for the final value).
+  MatrixXd ReferenceJv(const MatrixXd& x, const MatrixXd& v) const {
+    return lipcert::Jvp<double>(layer_, Evaluate<double>(layer_, x), v);
+  }
 
  private:
   const AttentionLayer& layer_;
+  int n_, d_;
+  std::unique_ptr<JacobianEngine> engine_;
 };
 
 uint64_t SplitMix(uint64_t x) {
@@ -76,18 +107,24 @@ struct Pair {
   int row = -1;  // kLinf: the row r
 };
 
+// Engine stopping rules (relative Ritz residual, J^T J products): screening and ascent,
+// and the final witness direction.
+constexpr double kCheapTol = 1e-6;
+constexpr int kCheapIters = 60;
+constexpr double kFineTol = 1e-13;
+constexpr int kFineIters = 3000;
+
 struct TopParams {
   int dense_limit = 16;  // N*D at or below which the Jacobian is formed
-  int iters = 12;        // power / Hager iterations
-  double tol = 1e-7;     // relative change that stops the power iteration
+  int iters = 12;        // kLinf: Hager steps = iters / 3 (kL2 follows the engine's rule)
 };
 
-Pair ComputeTop(const Oracle& o, const Oracle::State& s, NormKind norm, const Pair* warm,
-                const TopParams& tp, uint64_t seed) {
-  const int n = int(s.x.rows()), d = int(s.x.cols()), nd = n * d;
+Pair ComputeTop(const Oracle& o, const MatrixXd& x, NormKind norm, const Pair* warm,
+                const TopParams& tp) {
+  const int n = int(x.rows()), d = int(x.cols()), nd = n * d;
   Pair p;
   if (nd <= tp.dense_limit) {
-    const MatrixXd jac = o.Dense(s);
+    const MatrixXd jac = o.Dense(x);
     auto unflat = [&](const Eigen::VectorXd& f) {
       MatrixXd m(n, d);
       for (int k = 0; k < nd; ++k) m(k / d, k % d) = f(k);
@@ -97,7 +134,7 @@ Pair ComputeTop(const Oracle& o, const Oracle::State& s, NormKind norm, const Pa
       Eigen::BDCSVD<MatrixXd> svd(jac, Eigen::ComputeThinU | Eigen::ComputeThinV);
       p.v = unflat(svd.matrixV().col(0));
       p.v /= p.v.norm();
-      const MatrixXd w = o.Jv(s, p.v);
+      const MatrixXd w = o.ReferenceJv(x, p.v);
       p.value = w.norm();
       p.u = p.value > 0 ? MatrixXd(w / p.value) : unflat(svd.matrixU().col(0));
     } else {
@@ -112,57 +149,34 @@ Pair ComputeTop(const Oracle& o, const Oracle::State& s, NormKind norm, const Pa
     return p;
   }
   if (norm == NormKind::kL2) {
-    MatrixXd v;
-    if (warm && warm->v.rows() == n && warm->v.norm() > 0) {
-      v = warm->v;
-    } else {
-      std::mt19937_64 rng(SplitMix(seed));
-      v = Gaussian(n, d, rng);
-    }
-    v /= v.norm();
-    double prev = -1;
-    MatrixXd w;
-    for (int it = 0; it < tp.iters; ++it) {
-      w = o.Jv(s, v);
-      const double sigma = w.norm();
-      if (!(sigma > 0)) break;
-      const MatrixXd g = o.JTu(s, w);
-      const double gn = g.norm();
-      if (!(gn > 0)) break;
-      v = g / gn;
-      if (prev > 0 && std::abs(sigma - prev) <= tp.tol * sigma) break;
-      prev = sigma;
-    }
-    w = o.Jv(s, v);
-    p.v = v;
-    p.value = w.norm();
-    p.u = p.value > 0 ? MatrixXd(w / p.value) : MatrixXd(MatrixXd::Zero(n, d));
+    const bool use_warm = warm && warm->v.rows() == n && warm->v.norm() > 0;
+    o.TopSingular(x, use_warm ? &warm->v : nullptr, &p.value, &p.u, &p.v);
     return p;
   }
   // kLinf: Hager's estimator of ||B||_1 with B = J^T (= ||J||_inf), rows of J through VJPs.
   int r = (warm && warm->row >= 0 && warm->row < nd) ? warm->row : -1;
-  MatrixXd x = r >= 0 ? MatrixXd(MatrixXd::Zero(n, d)) : MatrixXd(MatrixXd::Constant(n, d, 1.0 / nd));
-  if (r >= 0) x(r / d, r % d) = 1;
+  MatrixXd e = r >= 0 ? MatrixXd(MatrixXd::Zero(n, d)) : MatrixXd(MatrixXd::Constant(n, d, 1.0 / nd));
+  if (r >= 0) e(r / d, r % d) = 1;
   double best = -1;
   int best_row = -1;
   MatrixXd best_sign;
   for (int it = 0; it < std::max(2, tp.iters / 3); ++it) {
-    const MatrixXd y = o.JTu(s, x);  // J^T x; for x = e_r, row r of J
+    const MatrixXd y = o.JTu(x, e);  // J^T e; for e = e_r, row r of J
     const MatrixXd xi = SignOf(y);
     if (r >= 0) {
       const double val = y.cwiseAbs().sum();
       if (val > best) best = val, best_row = r, best_sign = xi;
     }
-    const MatrixXd z = o.Jv(s, xi);
+    const MatrixXd z = o.Jv(x, xi);
     Eigen::Index i, j;
     const double zmax = z.cwiseAbs().maxCoeff(&i, &j);
     const int next = int(i) * d + int(j);
-    if (r >= 0 && (next == r || zmax <= (z.array() * x.array()).sum())) break;
+    if (r >= 0 && (next == r || zmax <= (z.array() * e.array()).sum())) break;
     r = next;
-    x.setZero();
-    x(r / d, r % d) = 1;
+    e.setZero();
+    e(r / d, r % d) = 1;
     if (it + 1 == std::max(2, tp.iters / 3)) {  // evaluate the last proposed row too
-      const MatrixXd y2 = o.JTu(s, x);
+      const MatrixXd y2 = o.JTu(x, e);
       const double val = y2.cwiseAbs().sum();
       if (val > best) best = val, best_row = r, best_sign = SignOf(y2);
     }
@@ -176,14 +190,10 @@ Pair ComputeTop(const Oracle& o, const Oracle::State& s, NormKind norm, const Pa
 }
 
 // Gradient of <u, J(x) v> in x (the envelope theorem makes it the gradient of the norm at
-// a simple top pair): d/dt J(x + t v)^T u at t = 0, by a central difference of VJPs.
+// a simple top pair): d/dt J(x + t v)^T u at t = 0, exact from the engine.
 MatrixXd PairGradient(const Oracle& o, const MatrixXd& x, const Pair& p) {
-  const double vmax = p.v.cwiseAbs().maxCoeff();
-  if (!(vmax > 0)) return MatrixXd::Zero(x.rows(), x.cols());
-  const double h = 1e-5 * (1 + x.cwiseAbs().maxCoeff()) / vmax;
-  const MatrixXd gp = o.JTu(o.At(x + h * p.v), p.u);
-  const MatrixXd gm = o.JTu(o.At(x - h * p.v), p.u);
-  return (gp - gm) / (2 * h);
+  if (!(p.v.cwiseAbs().maxCoeff() > 0)) return MatrixXd::Zero(x.rows(), x.cols());
+  return o.PairGradient(x, p.u, p.v);
 }
 
 struct Candidate {
@@ -192,16 +202,17 @@ struct Candidate {
   Pair pair;
 };
 
-void ParallelFor(int n, int threads, const std::function<void(int)>& f) {
+// f(i, worker) for i in [0, n), worker in [0, threads).
+void ParallelFor(int n, int threads, const std::function<void(int, int)>& f) {
   if (threads <= 1 || n <= 1) {
-    for (int i = 0; i < n; ++i) f(i);
+    for (int i = 0; i < n; ++i) f(i, 0);
     return;
   }
   std::atomic<int> next{0};
   std::vector<std::thread> pool;
   for (int t = 0; t < std::min(threads, n); ++t)
-    pool.emplace_back([&] {
-      for (int i; (i = next.fetch_add(1)) < n;) f(i);
+    pool.emplace_back([&, t] {
+      for (int i; (i = next.fetch_add(1)) < n;) f(i, t);
     });
   for (auto& th : pool) th.join();
 }
@@ -388,12 +399,12 @@ struct AscentResult {
 };
 
 AscentResult Ascend(const Oracle& o, const InputSet& set, const Candidate& start, NormKind norm,
-                    int max_steps, Clock::time_point deadline, uint64_t seed) {
+                    int max_steps, Clock::time_point deadline) {
   AscentResult res;
   res.x = start.x;
   TopParams tp;
   tp.iters = 10;
-  res.pair = start.pair.value >= 0 ? start.pair : ComputeTop(o, o.At(res.x), norm, nullptr, tp, seed);
+  res.pair = start.pair.value >= 0 ? start.pair : ComputeTop(o, res.x, norm, nullptr, tp);
   const double scale = SetScale(set);
   if (!(scale > 0)) return res;
   double eta = 0.1 * scale;
@@ -406,7 +417,7 @@ AscentResult Ascend(const Oracle& o, const InputSet& set, const Candidate& start
     for (int tries = 0; tries < 12 && !accepted; ++tries) {
       const MatrixXd xt = set.Project(res.x + (eta / gn) * g);
       if ((xt - res.x).norm() <= 1e-13 * scale) break;  // stationary on the boundary
-      const Pair pt = ComputeTop(o, o.At(xt), norm, &res.pair, tp, seed + step);
+      const Pair pt = ComputeTop(o, xt, norm, &res.pair, tp);
       ++res.evaluations;
       if (pt.value > res.pair.value * (1 + 1e-13)) {
         res.x = xt;
@@ -440,12 +451,14 @@ std::string ValidateSearchOptions(const SearchOptions& o) {
 
 TopDirection TopDirectionAt(const AttentionLayer& layer, const MatrixXd& x, NormKind norm,
                             int dense_limit) {
-  const Oracle o(layer);
+  if (std::string e = ValidateLayer(layer); !e.empty()) throw std::invalid_argument("layer: " + e);
+  if (x.cols() != layer.d_model || x.rows() < 1)
+    throw std::invalid_argument("x: must be N x " + std::to_string(layer.d_model));
+  const Oracle o(layer, int(x.rows()), kFineTol, kFineIters);
   TopParams tp;
   tp.dense_limit = dense_limit;
-  tp.iters = 3000;
-  tp.tol = 1e-15;
-  const Pair p = ComputeTop(o, o.At(x), norm, nullptr, tp, 12345);
+  tp.iters = 30;
+  const Pair p = ComputeTop(o, x, norm, nullptr, tp);
   return {p.value, p.u, p.v};
 }
 
@@ -462,7 +475,11 @@ SearchResult SearchLowerBound(const AttentionLayer& layer, const InputSet& set,
   const auto deadline =
       t0 + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(opts.time_limit_s));
   const int threads = opts.threads > 0 ? opts.threads : std::max(1u, std::thread::hardware_concurrency());
-  const Oracle o(layer);
+  // One oracle per worker for screening and ascent (cheap stopping rule), one accurate.
+  std::vector<std::unique_ptr<Oracle>> oracles;
+  for (int t = 0; t < threads; ++t)
+    oracles.push_back(std::make_unique<Oracle>(layer, set.tokens(), kCheapTol, kCheapIters));
+  const Oracle fine_oracle(layer, set.tokens(), kFineTol, kFineIters);
   const double scale = SetScale(set);
   std::mt19937_64 rng(SplitMix(opts.seed));
 
@@ -488,11 +505,10 @@ SearchResult SearchLowerBound(const AttentionLayer& layer, const InputSet& set,
 
   TopParams screen;
   screen.iters = 12;
-  screen.tol = 1e-6;
-  auto evaluate_all = [&](std::vector<Candidate>& cands, uint64_t round_seed) {
-    ParallelFor(int(cands.size()), threads, [&](int i) {
+  auto evaluate_all = [&](std::vector<Candidate>& cands) {
+    ParallelFor(int(cands.size()), threads, [&](int i, int worker) {
       if (i > 0 && Clock::now() >= deadline) return;
-      cands[i].pair = ComputeTop(o, o.At(cands[i].x), opts.norm, nullptr, screen, round_seed + i);
+      cands[i].pair = ComputeTop(*oracles[worker], cands[i].x, opts.norm, nullptr, screen);
       evaluations.fetch_add(1);
     });
     for (const auto& c : cands)
@@ -501,7 +517,6 @@ SearchResult SearchLowerBound(const AttentionLayer& layer, const InputSet& set,
 
   for (int round = 0; opts.max_rounds == 0 || round < opts.max_rounds; ++round) {
     if (round > 0 && Clock::now() >= deadline) break;
-    const uint64_t round_seed = SplitMix(opts.seed ^ (uint64_t(round + 1) << 40));
     std::vector<Candidate> cands;
     if (round == 0) cands.push_back({set.center, "centre", {}});
     for (int s = 0; s < opts.starts; ++s) {
@@ -541,7 +556,7 @@ SearchResult SearchLowerBound(const AttentionLayer& layer, const InputSet& set,
         }
       }
     }
-    evaluate_all(cands, round_seed);
+    evaluate_all(cands);
     if (opts.verbose)
       std::fprintf(stderr, "search: round %d screened %zu points, best %.6g\n", round, cands.size(),
                    elite.empty() ? 0.0 : elite.front().pair.value);
@@ -567,8 +582,8 @@ SearchResult SearchLowerBound(const AttentionLayer& layer, const InputSet& set,
         if (int(starts.size()) < opts.starts) take(c);
     }
     std::vector<AscentResult> asc(starts.size());
-    ParallelFor(int(starts.size()), threads, [&](int i) {
-      asc[i] = Ascend(o, set, starts[i], opts.norm, opts.max_steps, deadline, round_seed + 7919 * i);
+    ParallelFor(int(starts.size()), threads, [&](int i, int worker) {
+      asc[i] = Ascend(*oracles[worker], set, starts[i], opts.norm, opts.max_steps, deadline);
     });
     for (size_t i = 0; i < asc.size(); ++i) {
       evaluations.fetch_add(asc[i].evaluations);
@@ -587,8 +602,7 @@ SearchResult SearchLowerBound(const AttentionLayer& layer, const InputSet& set,
   // Polish the top few points: accurate top direction, then the rigorous value.
   TopParams fine;
   fine.dense_limit = 256;
-  fine.iters = 2000;
-  fine.tol = 1e-14;
+  fine.iters = 30;
   Witness best;
   best.value = -1;
   for (size_t e = 0; e < std::min<size_t>(3, elite.size()); ++e) {
@@ -596,10 +610,9 @@ SearchResult SearchLowerBound(const AttentionLayer& layer, const InputSet& set,
     // The final point must be inside the set, not merely within rounding of it.
     for (int k = 0; k < 40 && !CertainlyInSet(set, x); ++k)
       x = set.center + (x - set.center) * (1 - std::ldexp(1.0, -48 + k));
-    const auto s = o.At(x);
-    const Pair p = ComputeTop(o, s, opts.norm, &elite[e].pair, fine, 99);
+    const Pair p = ComputeTop(fine_oracle, x, opts.norm, &elite[e].pair, fine);
     evaluations.fetch_add(1);
-    const MatrixXd jv = o.Jv(s, p.v);
+    const MatrixXd jv = fine_oracle.ReferenceJv(x, p.v);
     const double value = opts.norm == NormKind::kL2 ? jv.norm() / p.v.norm()
                                                      : jv.cwiseAbs().maxCoeff() / p.v.cwiseAbs().maxCoeff();
     if (value > best.value) best = {x, p.v, value, 0, elite[e].origin};

@@ -77,8 +77,9 @@ struct TopDirection {
   Eigen::MatrixXd u;         // kL2: J v / sigma (unit); kLinf: e_r
   Eigen::MatrixXd v;         // kL2: unit top right singular vector; kLinf: sign(row_r)
 };
-// Exact (dense) for N*D <= dense_limit, else power iteration on J^T J (kL2) or Hager's
-// estimator (kLinf); the estimate is then a lower bound of the true norm up to rounding.
+// Exact (dense) for N*D <= dense_limit, else Lanczos on J^T J through kernels/engine.h
+// (kL2) or Hager's estimator (kLinf); the value is then ||J v|| / ||v|| for the returned
+// v, a lower bound of the true norm up to rounding.
 TopDirection TopDirectionAt(const AttentionLayer& layer, const Eigen::MatrixXd& x, NormKind norm,
                             int dense_limit = 256);
 
