@@ -24,6 +24,8 @@ Outputs per model m in {dot, l2} and layer i in {0, 1}:
   models/zoo/{m}-layer{i}-centres.safetensors  x0..x3 (F64, 32 x 64): the hidden states that
                                                enter layer i for four fixed validation windows
   models/zoo/train-log.txt                     final train / validation losses
+  tests/data/zoo/{m}-layer{i}-expected.safetensors   torch float64 outputs y0..y3 at the centres,
+                                               and J v, J^T u at x0 (for the C++ tests)
 The exported file is read back and evaluated with an independent numpy float64 forward, which
 must match the torch sublayer (in float64) to 1e-12 relative on every centre.
 """
@@ -261,7 +263,7 @@ def native_forward(tensors, meta, x):
     return x + out if "ln.weight" in tensors else out
 
 
-def export(kind, model, val_tokens, out_dir):
+def export(kind, model, val_tokens, out_dir, expected_dir):
     """Writes the layer and centre files of one model and checks them in float64."""
     # Four fixed windows of validation text, from four different licences.
     picks = [(0, 0), (3, 200), (8, 1000), (13, 400)]  # (licence index, offset)
@@ -305,6 +307,25 @@ def export(kind, model, val_tokens, out_dir):
             rel = np.linalg.norm(got - ref) / np.linalg.norm(ref)
             worst = max(worst, rel)
             assert rel < 1e-12, f"{layer_path}: centre x{c}: exported layer differs from torch by {rel:.3e}"
+        # Expected values for the C++ tests (tests/data/zoo): the torch sublayer in float64 at
+        # every centre, and a JVP / VJP at x0 along fixed random directions.
+        if expected_dir:
+            rng = np.random.default_rng(SEED + 10 + i)
+            v = rng.standard_normal((CONTEXT, D_MODEL))
+            u = rng.standard_normal((CONTEXT, D_MODEL))
+            f = lambda x: blk64.sublayer(x.unsqueeze(0))[0]  # noqa: E731
+            x0 = torch.from_numpy(ct["x0"])
+            _, jv = torch.autograd.functional.jvp(f, x0, torch.from_numpy(v))
+            _, jtu = torch.autograd.functional.vjp(f, x0, torch.from_numpy(u))
+            exp = {"v": v, "u": u, "jv": jv.numpy(), "jtu": jtu.numpy()}
+            with torch.no_grad():
+                for c in range(N_CENTRES):
+                    exp[f"y{c}"] = f(torch.from_numpy(ct[f"x{c}"])).numpy()
+            st.save(os.path.join(expected_dir, f"{kind}-layer{i}-expected.safetensors"), exp,
+                    {"layer_file": f"models/zoo/{kind}-layer{i}.safetensors",
+                     "centres_file": f"models/zoo/{kind}-layer{i}-centres.safetensors",
+                     "what": "torch float64 sublayer x + attn(ln1(x)): y{c} at centre x{c}; jv = J(x0) v, jtu = J(x0)^T u",
+                     "generator": "scripts/train_zoo.py"})
     print(f"[{kind}] exported; worst relative difference numpy(file) vs torch float64: {worst:.2e}")
     return worst
 
@@ -314,12 +335,16 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--text-dir", default="/usr/share/common-licenses", help="folder of the licence texts")
     ap.add_argument("--out", default=os.path.join(here, "..", "models", "zoo"), help="output folder")
+    ap.add_argument("--expected", default=os.path.join(here, "..", "tests", "data", "zoo"),
+                    help="folder for the torch reference values the C++ tests compare against ('' to skip)")
     ap.add_argument("--steps", type=int, default=1500, help="optimiser steps per model")
     ap.add_argument("--kinds", default="dot,l2", help="comma-separated subset of dot,l2")
     args = ap.parse_args()
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
     os.makedirs(args.out, exist_ok=True)
+    if args.expected:
+        os.makedirs(args.expected, exist_ok=True)
     train_data, val_parts = load_corpus(args.text_dir)
     val_x, val_y = windows(np.concatenate(val_parts))
     print(f"corpus: {len(train_data)} train chars, {sum(map(len, val_parts))} validation chars")
@@ -328,7 +353,7 @@ def main():
            f"(uniform guess: {math.log(VOCAB):.4f} nats/char)"]
     for kind in args.kinds.split(","):
         model = train(kind, train_data, val_x, val_y, args.steps, log)
-        worst = export(kind, model, val_parts, args.out)
+        worst = export(kind, model, val_parts, args.out, args.expected)
         log.append(f"{kind}: exported sublayers reproduce torch (float64) to {worst:.1e} relative")
     with open(os.path.join(args.out, "train-log.txt"), "w") as f:
         f.write("\n".join(log) + "\n")
