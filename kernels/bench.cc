@@ -92,13 +92,14 @@ std::string RunEngineBench(const BenchOptions& o) {
   } while (elapsed < o.min_seconds);
 
   const GemmFlops gf = CountGemmFlops(L, o.n);
+  const double normal = o.device == Device::kCpu ? gf.normal_cpu : gf.jvp + gf.vjp;  // one J^T J v
   double iters = 0, flops = 0, smax = 0, smean = 0;
   int imax = 0, conv = 0;
   for (int b = 0; b < o.batch; ++b) {
     iters += r.iterations[b];
     imax = std::max(imax, r.iterations[b]);
     conv += r.converged[b];
-    flops += gf.evaluate + r.iterations[b] * (gf.jvp + gf.vjp) + gf.jvp;
+    flops += gf.evaluate + r.iterations[b] * normal + gf.jvp;
     smax = std::max(smax, r.sigma[b]);
     smean += r.sigma[b] / o.batch;
   }

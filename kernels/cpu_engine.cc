@@ -143,8 +143,7 @@ class CpuEngine final : public JacobianEngine {
     int batch() const { return 1; }
     RowMat<T>& S(int i) { return w->slots[i]; }
     void ApplyNormal(int src, int dst, const unsigned char*) {
-      kernels_internal::Jvp(e->L_, w->st, w->ws, S(src), w->tmp);
-      kernels_internal::Vjp(e->L_, w->st, w->ws, w->tmp, S(dst));
+      NormalProduct(e->L_, w->st, w->ws, S(src), w->tmp, S(dst));
     }
     void Dots(int wi, int m, double* c) {
       for (int i = 0; i < m; ++i) c[i] = DotAcc(S(i), S(wi));

@@ -30,6 +30,7 @@ struct CpuLayer {
   T scale = 1;              // 1 / sqrt(dk)
   RowMat<T> wq, wk, m, wo;  // (H dk, D), (H dk, D), (H dv, D) value path, (D, H dv)
   RowMat<T> wq_t, wk_t, m_t, wo_t;
+  RowMat<T> wo_gram;         // (H dv, H dv) = Wo^T Wo: J^T J without the output round trip
   RowVec<T> bq, bk, bv, bo;  // size 0 when absent
   bool ln = false;
   RowVec<T> gamma, beta;
@@ -50,6 +51,7 @@ struct CpuLayer {
     for (int h = 0; h < heads; ++h) mv.middleRows(h * dv, dv) = detail::ValueMatrix(L, h);
     m = mv.cast<T>();
     wo = L.wo.cast<T>();
+    wo_gram = (L.wo.transpose() * L.wo).cast<T>();
     wq_t = wq.transpose();
     wk_t = wk.transpose();
     m_t = m.transpose();
@@ -251,9 +253,9 @@ void ProjectTangent(const CpuLayer<T>& L, Workspace<T>& w) {
   w.dv.noalias() = w.dz * L.m_t;
 }
 
-// out = J(x) dx.
+// w.head = the tangent of the concatenated heads along dx (J dx before the output projection).
 template <class T>
-void Jvp(const CpuLayer<T>& L, const PointState<T>& s, Workspace<T>& w, const RowMat<T>& dx, RowMat<T>& out) {
+void JvpHeads(const CpuLayer<T>& L, const PointState<T>& s, Workspace<T>& w, const RowMat<T>& dx) {
   if (L.ln) LayerNormJvp(L, s, dx, w.dz);
   else w.dz = dx;
   ProjectTangent(L, w);
@@ -263,6 +265,12 @@ void Jvp(const CpuLayer<T>& L, const PointState<T>& s, Workspace<T>& w, const Ro
     dhead.noalias() = w.dp * s.v.middleCols(h * L.dv, L.dv);
     dhead.noalias() += s.p[h] * w.dv.middleCols(h * L.dv, L.dv);
   }
+}
+
+// out = J(x) dx.
+template <class T>
+void Jvp(const CpuLayer<T>& L, const PointState<T>& s, Workspace<T>& w, const RowMat<T>& dx, RowMat<T>& out) {
+  JvpHeads(L, s, w, dx);
   out.noalias() = w.head * L.wo_t;
   if (L.ln) out += dx;
 }
@@ -276,11 +284,12 @@ void SoftmaxVjp(const RowMat<T>& p, const RowMat<T>& gp, RowMat<T>& gs) {
   }
 }
 
-// out = J(x)^T u.
+// out = J(x)^T u given w.gh = u Wo (the cotangent of the concatenated heads); `u` is
+// needed only for the residual of the LayerNorm sublayer.
 template <class T>
-void Vjp(const CpuLayer<T>& L, const PointState<T>& s, Workspace<T>& w, const RowMat<T>& u, RowMat<T>& out) {
+void VjpFromHeads(const CpuLayer<T>& L, const PointState<T>& s, Workspace<T>& w, const RowMat<T>& u,
+                  RowMat<T>& out) {
   const int n = L.n;
-  w.gh.noalias() = u * L.wo;
   for (int h = 0; h < L.heads; ++h) {
     const auto ghh = w.gh.middleCols(h * L.dv, L.dv);
     const auto qh = s.q.middleCols(h * L.dk, L.dk);
@@ -312,6 +321,31 @@ void Vjp(const CpuLayer<T>& L, const PointState<T>& s, Workspace<T>& w, const Ro
   } else {
     out = w.gz;
   }
+}
+
+// out = J(x)^T u.
+template <class T>
+void Vjp(const CpuLayer<T>& L, const PointState<T>& s, Workspace<T>& w, const RowMat<T>& u, RowMat<T>& out) {
+  w.gh.noalias() = u * L.wo;
+  VjpFromHeads(L, s, w, u, out);
+}
+
+// out = J^T J dx. Without LayerNorm the output projection and the VJP's first product fuse
+// into one product with Wo^T Wo (one (N, H dv) x (H dv, H dv) GEMM instead of two with D).
+// tmp: scratch (N, D).
+template <class T>
+void NormalProduct(const CpuLayer<T>& L, const PointState<T>& s, Workspace<T>& w, const RowMat<T>& dx,
+                   RowMat<T>& tmp, RowMat<T>& out) {
+  JvpHeads(L, s, w, dx);
+  if (!L.ln) {
+    w.gh.noalias() = w.head * L.wo_gram;
+    VjpFromHeads(L, s, w, dx /*unused without LayerNorm*/, out);
+    return;
+  }
+  tmp.noalias() = w.head * L.wo_t;
+  tmp += dx;
+  w.gh.noalias() = tmp * L.wo;
+  VjpFromHeads(L, s, w, tmp, out);
 }
 
 // out = d/dt J(x + t v)^T u at t = 0 = grad_x <u, J(x) v>: the VJP differentiated by hand

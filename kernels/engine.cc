@@ -64,6 +64,7 @@ GemmFlops CountGemmFlops(const AttentionLayer& L, int tokens) {
                     + 2 * n * d * hv + 4 * nnv                             // gh, gp, dgp, gv, dgv
                     + nnk * (dot ? 6 : 3)                                  // gq, dgq (, gk, dgk)
                     + 2 * (2 * n * hq * d * (dot ? 2 : 1) + 2 * n * hv * d);  // gz and dgz
+  f.normal_cpu = f.jvp + f.vjp - (L.layer_norm ? 0 : 2 * (2 * n * hv * d) - 2 * n * hv * hv);
   return f;
 }
 

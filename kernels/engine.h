@@ -76,6 +76,7 @@ struct GemmFlops {
   double jvp = 0;            // one J v
   double vjp = 0;            // one J^T u
   double pair_gradient = 0;  // one grad_X <u, J v> (CPU: exact tangent of the VJP)
+  double normal_cpu = 0;     // one J^T J v as the CPU engine does it (Wo^T Wo fused without LN)
 };
 GemmFlops CountGemmFlops(const AttentionLayer& layer, int tokens);
 
