@@ -130,7 +130,7 @@ TEST_P(SearchInvariants, WitnessIsSoundAndBeatsCentre) {
   const Case c = GetParam();
   std::mt19937_64 rng(2024);
   for (int rep = 0; rep < TestScale(); ++rep) {
-    const int n = 3 + rep % 2, d = 3;
+    const int n = 6 + rep % 2, d = 3;  // N*D > 16: the engine's iterative path
     const AttentionLayer L = RandomLayer(c.kind, c.causal, c.bias, c.ln, d, 2, 2, rng, 1.5);
     Eigen::MatrixXd centre = Eigen::MatrixXd::Random(n, d);
     const double r = c.set == SetKind::kBox ? 0.5 : 1.0;
@@ -181,7 +181,7 @@ TEST(Search, DeterministicAcrossThreadCounts) {
   EXPECT_NE(sample_value(a), sample_value(c));
 }
 
-TEST(Search, PowerIterationAgreesWithDenseSvd) {
+TEST(Search, IterativeAgreesWithDenseSvd) {
   std::mt19937_64 rng(9);
   const AttentionLayer L = RandomLayer(AttentionKind::kL2, false, false, true, 4, 2, 2, rng);
   const Eigen::MatrixXd x = Eigen::MatrixXd::Random(5, 4);
@@ -191,7 +191,7 @@ TEST(Search, PowerIterationAgreesWithDenseSvd) {
     const double truth = TrueNorm(L, x, norm);
     EXPECT_NEAR(dense.value, truth, 1e-12 * truth);
     EXPECT_LE(iter.value, truth * (1 + 1e-12));
-    // Power iteration converges to sigma_1; Hager's estimator may stop at a smaller row.
+    // Lanczos converges to sigma_1; Hager's estimator may stop at a smaller row.
     if (norm == NormKind::kL2) EXPECT_NEAR(iter.value, truth, 1e-7 * truth);
     else EXPECT_GE(iter.value, 0.5 * truth);
   }
