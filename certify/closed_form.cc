@@ -74,7 +74,9 @@ UpperBound Kim(const AttentionLayer& L, int n) {
   for (int h = 0; h < L.heads; ++h) {
     const double q = NormL2Upper(Eigen::MatrixXd(L.wq_head(h))).value();
     const double v = NormL2Upper(Eigen::MatrixXd(L.wv_head(h))).value();
-    s = AddUp(s, MulUp(MulUp(q, q), MulUp(v, v)));
+    // ||A_h|| <= ||Wq_h||^2 / sqrt(dk) carries the query weight twice (see closed_form.h).
+    const double q2 = MulUp(q, q);
+    s = AddUp(s, MulUp(MulUp(q2, q2), MulUp(v, v)));
   }
   const double pre = DivUp(SqrtUp(double(n)), SqrtDown(double(L.head_dim_qk)));
   return UpperBound(MulUp(MulUp(MulUp(pre, factor), SqrtUp(s)), NormL2Upper(L.wo).value()));

@@ -6,8 +6,10 @@
 //       A = Wq_h^T Wk_h / sqrt(dk), V = Wv_h; biases enter by augmenting every token with a
 //       constant 1 (R -> sqrt(R^2 + 1)); heads combine through ||Wo_h||_2. Norm 2, no mask.
 //   closed_form/kim      L2 attention (Kim, Papamakarios, Mnih, ICML 2021, Theorem 3.2), global:
-//       Lip_2 <= sqrt(N)/sqrt(dk) (4 W0((N-1)/e) + 1) sqrt(sum_h ||Wq_h||^2 ||Wv_h||^2) ||Wo||_2.
-//       Norm 2, no mask.
+//       Lip_2 <= sqrt(N)/sqrt(dk) (4 W0((N-1)/e) + 1) sqrt(sum_h ||Wq_h||^4 ||Wv_h||^2) ||Wo||_2.
+//       The value path X A_h Wv_h^T carries A_h = Wq_h^T Wq_h / sqrt(dk), hence ||Wq_h||^4:
+//       with ||Wq_h||^2 as transcribed in the notes the bound fails already at N = 1
+//       (J = Wo Wv A), which the soundness test caught. Norm 2, no mask.
 // With the sublayer X + MHA(LN(X)) both become 1 + ell * bound, ell >= sup ||J_LN|| over
 // the set, and R is the largest token norm of LN(X) over the set.
 #pragma once

@@ -2,6 +2,7 @@
 // bound is at least every witnessed lower bound (Jacobian norms at sampled points and
 // difference quotients, both evaluated in MPFR at 256 bits).
 #include "certify/jacobian_bounds.h"
+#include "certify/closed_form.h"
 
 #include <gtest/gtest.h>
 
@@ -42,7 +43,7 @@ TEST(JacobianBoundsTest, UpperBoundsDominateWitnessedLowerBounds) {
   mpfr::mpreal::set_default_prec(256);
   std::mt19937_64 rng(20261202);
   const int cases = int(1000 * TestScale());
-  int centred_cases = 0;
+  int centred_cases = 0, closed_form_cases = 0;
   for (int t = 0; t < cases; ++t) {
     const Case c = RandomCase(rng);
     const double lower = WitnessedLower(rng, c, 6);
@@ -52,6 +53,10 @@ TEST(JacobianBoundsTest, UpperBoundsDominateWitnessedLowerBounds) {
     const double block = BlockNormUpperBound(c.layer, cover, o).value();
     // Witnessed values carry ~1e-15 relative error from the double SVD of the MPFR Jacobian.
     ASSERT_GE(block, lower * (1 - 1e-12)) << "block-norm engine, case " << t;
+    for (const ClosedFormBound& b : ClosedFormBounds(c.layer, c.set, c.norm)) {
+      ASSERT_GE(b.upper.value(), lower * (1 - 1e-12)) << b.name << ", case " << t;
+      ++closed_form_cases;
+    }
     if (c.norm == NormKind::kL2) {
       const double centred = CentredUpperBound(c.layer, cover, o).value();
       ASSERT_GE(centred, lower * (1 - 1e-12)) << "centred engine, case " << t;
@@ -59,6 +64,7 @@ TEST(JacobianBoundsTest, UpperBoundsDominateWitnessedLowerBounds) {
     }
   }
   EXPECT_GT(centred_cases, cases / 4);
+  EXPECT_GT(closed_form_cases, cases / 10);
 }
 
 TEST(JacobianBoundsTest, CentredBoundIsTightAtSmallRadius) {
@@ -125,5 +131,35 @@ TEST(JacobianBoundsTest, TokenPermutationLeavesUnmaskedBoundUnchanged) {
   }
 }
 
+}  // namespace
+}  // namespace lipcert
+
+namespace lipcert {
+namespace {
+TEST(ClosedFormTest, LambertW0UpperIsTightAndAbove) {
+  for (double x : {0.0, 1e-300, 1e-8, 0.5, 1.0, 2.718281828459045, 10.0, 1e3, 1e300}) {
+    const double w = LambertW0Upper(x);
+    EXPECT_GE(w * std::exp(w), x * (1 - 1e-15));  // W0(x) <= w
+    if (x > 0 && x < 1e300) EXPECT_LE(w, std::nextafter(w, 0.0) + 1e-12 * w + 1e-300);
+  }
+  EXPECT_NEAR(LambertW0Upper(1.0), 0.5671432904097838, 1e-14);
+}
+
+TEST(ClosedFormTest, KimBoundMatchesPublishedValuesForUnitWeights) {
+  // D = H = 1, unit weights: the bound is sqrt(N) (4 W0((N-1)/e) + 1); attention-math.md
+  // quotes 2.11, 5.40, 11.52, 18.68 at N = 2, 10, 100, 1000 for the per-token quantity.
+  AttentionLayer L;
+  L.kind = AttentionKind::kL2;
+  L.d_model = L.heads = L.head_dim_qk = L.head_dim_v = 1;
+  L.wq = L.wk = L.wv = L.wo = Eigen::MatrixXd::Ones(1, 1);
+  for (auto [n, expected] : {std::pair{2, 2.11}, {10, 5.40}, {100, 11.52}, {1000, 18.68}}) {
+    InputSet s;
+    s.center = Eigen::MatrixXd::Zero(n, 1);
+    s.radius = 1;
+    const auto b = ClosedFormBounds(L, s, NormKind::kL2);
+    ASSERT_EQ(b.size(), 1u);
+    EXPECT_NEAR(b[0].upper.value() / std::sqrt(double(n)), expected, 0.01) << "N = " << n;
+  }
+}
 }  // namespace
 }  // namespace lipcert
