@@ -10,6 +10,7 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 jobs="${LIPCERT_MATRIX_JOBS:-2}"
 fail=0
+mkdir -p build-matrix
 
 # 1. The rounding model must refuse builds without its flags.
 for variant in "-ffast-math -DLIPCERT_ROUNDING_MATH=1" "-frounding-math"; do
