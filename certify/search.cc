@@ -277,20 +277,43 @@ struct HeadDirections {
   std::vector<Eigen::RowVectorXd> dirs;  // unit rows of length D
 };
 
+// Top singular pair (sigma, u, v) of m by power iteration on m^T m: a start direction
+// only (no bound rests on it), and cheap for wide layers where a full SVD is not.
+struct TopPair {
+  double sigma = 0;
+  Eigen::VectorXd u, v;
+};
+TopPair PowerTopPair(const MatrixXd& m, int iters = 60) {
+  TopPair t;
+  t.v = Eigen::VectorXd::Ones(m.cols()) / std::sqrt(double(m.cols()));
+  for (int k = 0; k < iters; ++k) {
+    Eigen::VectorXd w = m.transpose() * (m * t.v);
+    const double n = w.norm();
+    if (!(n > 0)) break;
+    t.v = w / n;
+  }
+  t.u = m * t.v;
+  t.sigma = t.u.norm();
+  if (t.sigma > 0) t.u /= t.sigma;
+  return t;
+}
+
 HeadDirections DirectionsOfHead(const AttentionLayer& L, int h) {
   HeadDirections hd;
   const MatrixXd wq = L.wq_head(h), wk = L.wk_head(h);
   const MatrixXd a = wq.transpose() * wk / std::sqrt(double(L.head_dim_qk));
-  Eigen::JacobiSVD<MatrixXd> sa(a, Eigen::ComputeThinU | Eigen::ComputeThinV);
-  hd.sigma_a = sa.singularValues()(0);
+  const TopPair sa = PowerTopPair(a);
+  hd.sigma_a = sa.sigma;
   MatrixXd value = L.wo_head(h) * L.wv_head(h);
   if (L.kind == AttentionKind::kL2) value = value * a;
-  Eigen::JacobiSVD<MatrixXd> sv(value, Eigen::ComputeThinV);
-  hd.score = hd.sigma_a * sv.singularValues()(0);
-  Eigen::SelfAdjointEigenSolver<MatrixXd> es((a + a.transpose()) / 2);
-  std::vector<Eigen::RowVectorXd> cand = {
-      sa.matrixV().col(0).transpose(), sa.matrixU().col(0).transpose(),
-      es.eigenvectors().col(a.rows() - 1).transpose(), sv.matrixV().col(0).transpose()};
+  const TopPair sv = PowerTopPair(value);
+  hd.score = hd.sigma_a * sv.sigma;
+  // Largest algebraic eigenvector of the symmetric part: power iteration after a shift
+  // that makes the part positive semidefinite.
+  const MatrixXd sym = (a + a.transpose()) / 2;
+  const MatrixXd shifted = sym + sym.norm() * MatrixXd::Identity(sym.rows(), sym.cols());
+  const TopPair se = PowerTopPair(shifted);
+  std::vector<Eigen::RowVectorXd> cand = {sa.v.transpose(), sa.u.transpose(), se.v.transpose(), sv.v.transpose()};
   for (auto& w : cand) {
     const double wn = w.norm();
     if (!(wn > 0)) continue;

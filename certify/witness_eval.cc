@@ -4,6 +4,7 @@
 #include <stdexcept>
 
 #include "interval/interval.h"
+#include "interval/interval_matrix.h"
 #include "models/forward.h"  // the scalar hooks below specialise its templates
 
 namespace lipcert {
@@ -86,8 +87,8 @@ void CheckInputs(const AttentionLayer& layer, const Eigen::MatrixXd& x, const Ei
 
 }  // namespace
 
-void EncloseJvp(const AttentionLayer& layer, const Eigen::MatrixXd& x, const Eigen::MatrixXd& v,
-                ExpBackend exp_backend, Eigen::MatrixXd* lo, Eigen::MatrixXd* hi) {
+void EncloseJvpScalar(const AttentionLayer& layer, const Eigen::MatrixXd& x, const Eigen::MatrixXd& v,
+                      ExpBackend exp_backend, Eigen::MatrixXd* lo, Eigen::MatrixXd* hi) {
   CheckInputs(layer, x, v);
   RequireRoundToNearest();
   const ExpBackend saved = witness_internal::tls_exp_backend;
@@ -104,6 +105,142 @@ void EncloseJvp(const AttentionLayer& layer, const Eigen::MatrixXd& x, const Eig
       (*lo)(i, j) = y(i, j).v.lo;
       (*hi)(i, j) = y(i, j).v.hi;
     }
+}
+
+
+// ---------------------------------------------------------------------------------------
+// The same evaluation (models/forward.h: Evaluate, then Jvp) with every matrix product an
+// interval GEMM (interval/interval_matrix.h) and only the elementwise steps (LayerNorm,
+// softmax, its derivative) in scalar intervals: hundreds of times faster on wide layers.
+// ---------------------------------------------------------------------------------------
+namespace {
+
+using IM = IntervalMatrix;
+
+IM FromIntervals(const std::vector<Interval>& e, Eigen::Index rows, Eigen::Index cols) {
+  Eigen::MatrixXd lo(rows, cols), hi(rows, cols);
+  for (Eigen::Index i = 0; i < rows; ++i)
+    for (Eigen::Index j = 0; j < cols; ++j) {
+      lo(i, j) = e[i * cols + j].lo;
+      hi(i, j) = e[i * cols + j].hi;
+    }
+  return IM::FromBounds(lo, hi);
+}
+
+IM AddBias(const IM& m, const Eigen::VectorXd& b, int off, int len) {
+  if (b.size() == 0) return m;
+  return m + IM::Point(b.segment(off, len).transpose().replicate(m.rows(), 1));
+}
+
+Interval InvSqrtDk(int dk) { return Interval(1.0) / Sqrt(Interval(double(dk))); }
+
+}  // namespace
+
+void EncloseJvp(const AttentionLayer& L, const Eigen::MatrixXd& x, const Eigen::MatrixXd& v,
+                ExpBackend exp_backend, Eigen::MatrixXd* lo, Eigen::MatrixXd* hi) {
+  CheckInputs(L, x, v);
+  RequireRoundToNearest();
+  const Eigen::Index n = x.rows(), d = x.cols();
+  IM z = IM::Point(x), dz = IM::Point(v);
+  if (L.layer_norm) {  // z = gamma * (x - mean) / sigma + beta and its JVP, row by row
+    const LayerNormParams& ln = *L.layer_norm;
+    std::vector<Interval> ze(n * d), dze(n * d);
+    const Interval dd{double(d)}, eps{ln.eps};
+    for (Eigen::Index i = 0; i < n; ++i) {
+      Interval sum(0.0), dsum(0.0);
+      for (Eigen::Index a = 0; a < d; ++a) {
+        sum += Interval(x(i, a));
+        dsum += Interval(v(i, a));
+      }
+      const Interval mean = sum / dd, dmean = dsum / dd;
+      std::vector<Interval> c(d);
+      Interval sq(0.0);
+      for (Eigen::Index a = 0; a < d; ++a) {
+        c[a] = Interval(x(i, a)) - mean;
+        sq += Sqr(c[a]);
+      }
+      const Interval sigma = Sqrt(sq / dd + eps);
+      std::vector<Interval> xhat(d);
+      Interval mxd(0.0);
+      for (Eigen::Index a = 0; a < d; ++a) {
+        xhat[a] = c[a] / sigma;
+        mxd += xhat[a] * Interval(v(i, a));
+      }
+      mxd = mxd / dd;
+      for (Eigen::Index a = 0; a < d; ++a) {
+        ze[i * d + a] = Interval(ln.gamma(a)) * xhat[a] + Interval(ln.beta(a));
+        dze[i * d + a] = Interval(ln.gamma(a)) * (Interval(v(i, a)) - dmean - xhat[a] * mxd) / sigma;
+      }
+    }
+    z = FromIntervals(ze, n, d);
+    dz = FromIntervals(dze, n, d);
+  }
+  IM dout = IM::Point(Eigen::MatrixXd::Zero(n, L.d_model));
+  for (int h = 0; h < L.heads; ++h) {
+    const int dk = L.head_dim_qk;
+    const Interval scale = InvSqrtDk(dk);
+    const Eigen::MatrixXd wq = L.wq_head(h), wk = L.wk_head(h), wv = L.wv_head(h), wo = L.wo_head(h);
+    const IM q = AddBias(Mul(z, Eigen::MatrixXd(wq.transpose())), L.bq, h * dk, dk);
+    const IM dq = Mul(dz, Eigen::MatrixXd(wq.transpose()));
+    // Values: V = Z Wv^T (dot) or Z A Wv^T = ((Z Wq^T) Wq / sqrt(dk)) Wv^T (l2), + bv.
+    IM val, dval;
+    if (L.kind == AttentionKind::kDot) {
+      val = Mul(z, Eigen::MatrixXd(wv.transpose()));
+      dval = Mul(dz, Eigen::MatrixXd(wv.transpose()));
+    } else {
+      val = Mul(Scale(scale, Mul(q, wq)), Eigen::MatrixXd(wv.transpose()));
+      dval = Mul(Scale(scale, Mul(dq, wq)), Eigen::MatrixXd(wv.transpose()));
+    }
+    val = AddBias(val, L.bv, h * L.head_dim_v, L.head_dim_v);
+    // Logits and their JVP.
+    std::vector<Interval> s(n * n), ds(n * n);
+    if (L.kind == AttentionKind::kDot) {
+      const IM k = AddBias(Mul(z, Eigen::MatrixXd(wk.transpose())), L.bk, h * dk, dk);
+      const IM dk_ = Mul(dz, Eigen::MatrixXd(wk.transpose()));
+      const IM sm = Scale(scale, Mul(q, k.transpose()));
+      const IM dsm = Scale(scale, Mul(dq, k.transpose()) + Mul(q, dk_.transpose()));
+      for (Eigen::Index i = 0; i < n; ++i)
+        for (Eigen::Index j = 0; j < n; ++j) {
+          s[i * n + j] = sm(i, j);
+          ds[i * n + j] = dsm(i, j);
+        }
+    } else {
+      // s_ij = -||q_i - q_j||^2 / sqrt(dk), ds_ij = -2 (q_i - q_j).(dq_i - dq_j) / sqrt(dk).
+      for (Eigen::Index i = 0; i < n; ++i)
+        for (Eigen::Index j = 0; j < n; ++j) {
+          Interval sq(0.0), dot(0.0);
+          for (int c = 0; c < dk; ++c) {
+            const Interval e = q(i, c) - q(j, c);
+            sq += Sqr(e);
+            dot += e * (dq(i, c) - dq(j, c));
+          }
+          s[i * n + j] = -(sq * scale);
+          ds[i * n + j] = Interval(-2.0) * dot * scale;
+        }
+    }
+    // P = softmax_row(s) (masked) and dP_ij = P_ij (ds_ij - sum_k P_ik ds_ik).
+    std::vector<Interval> p(n * n, Interval(0.0)), dp(n * n, Interval(0.0));
+    for (Eigen::Index i = 0; i < n; ++i) {
+      const Eigen::Index len = L.causal ? i + 1 : n;
+      double shift = -kInf;
+      for (Eigen::Index j = 0; j < len; ++j) shift = std::max(shift, 0.5 * s[i * n + j].lo + 0.5 * s[i * n + j].hi);
+      if (!std::isfinite(shift)) shift = 0;
+      Interval zsum(0.0);
+      for (Eigen::Index j = 0; j < len; ++j) zsum += (p[i * n + j] = Exp(s[i * n + j] - Interval(shift), exp_backend));
+      Interval mean(0.0);
+      for (Eigen::Index j = 0; j < len; ++j) {
+        p[i * n + j] = p[i * n + j] / zsum;
+        mean += p[i * n + j] * ds[i * n + j];
+      }
+      for (Eigen::Index j = 0; j < len; ++j) dp[i * n + j] = p[i * n + j] * (ds[i * n + j] - mean);
+    }
+    const IM pm = FromIntervals(p, n, n), dpm = FromIntervals(dp, n, n);
+    const IM dhead = Mul(dpm, val) + Mul(pm, dval);
+    dout = dout + Mul(dhead, Eigen::MatrixXd(wo.transpose()));
+  }
+  if (L.layer_norm) dout = dout + IM::Point(v);
+  *lo = dout.Lower();
+  *hi = dout.Upper();
 }
 
 LowerBound WitnessLowerBound(const AttentionLayer& layer, const Eigen::MatrixXd& x,

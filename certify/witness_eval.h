@@ -23,9 +23,15 @@ LowerBound WitnessLowerBound(const AttentionLayer& layer, const Eigen::MatrixXd&
                              const Eigen::MatrixXd& v, NormKind norm,
                              ExpBackend exp_backend = DefaultExpBackend());
 
-// The enclosure of J(x) v itself, as (lo, hi) matrices (lo <= J(x) v <= hi entrywise).
+// The enclosure of J(x) v itself, as (lo, hi) matrices (lo <= J(x) v <= hi entrywise):
+// interval GEMMs for every matrix product, scalar intervals for the elementwise steps.
 void EncloseJvp(const AttentionLayer& layer, const Eigen::MatrixXd& x, const Eigen::MatrixXd& v,
                 ExpBackend exp_backend, Eigen::MatrixXd* lo, Eigen::MatrixXd* hi);
+
+// The same enclosure with models/forward.h run on scalar intervals (slow on wide layers;
+// kept as an independent cross-check in the tests).
+void EncloseJvpScalar(const AttentionLayer& layer, const Eigen::MatrixXd& x, const Eigen::MatrixXd& v,
+                      ExpBackend exp_backend, Eigen::MatrixXd* lo, Eigen::MatrixXd* hi);
 
 // True only when x is certainly in the set (norms of x - X0 rounded upwards).
 bool CertainlyInSet(const InputSet& set, const Eigen::MatrixXd& x);

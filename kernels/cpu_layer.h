@@ -48,7 +48,7 @@ struct CpuLayer {
     wq = L.wq.cast<T>();
     wk = L.wk.cast<T>();
     Eigen::MatrixXd mv(heads * dv, d);
-    for (int h = 0; h < heads; ++h) mv.middleRows(h * dv, dv) = detail::ValueMatrix(L, h);
+    for (int h = 0; h < heads; ++h) mv.middleRows(h * dv, dv) = detail::ValueMatrix<double>(L, h);
     m = mv.cast<T>();
     wo = L.wo.cast<T>();
     wo_gram = (L.wo.transpose() * L.wo).cast<T>();

@@ -56,12 +56,16 @@ struct LayerNormState {
   Vec<T> sigma;  // (N) sqrt(var + eps)
 };
 
-// Value-path matrix (dv, D): Wv_h for dot, Wv_h A_h for l2.
-inline Eigen::MatrixXd ValueMatrix(const AttentionLayer& L, int h) {
-  if (L.kind == AttentionKind::kDot) return L.wv_head(h);
-  const Eigen::MatrixXd wq = L.wq_head(h);
-  const Eigen::MatrixXd a = wq.transpose() * wq / std::sqrt(double(L.head_dim_qk));
-  return L.wv_head(h) * a;
+// Value-path matrix (dv, D): Wv_h for dot, Wv_h A_h for l2, A_h = Wq_h^T Wq_h / sqrt(dk),
+// formed in T so that an MPFR or interval evaluation is of the exact layer.
+template <class T>
+Mat<T> ValueMatrix(const AttentionLayer& L, int h) {
+  using std::sqrt;
+  const Mat<T> wv = Cast<T>(L.wv_head(h));
+  if (L.kind == AttentionKind::kDot) return wv;
+  const Mat<T> wq = Cast<T>(L.wq_head(h));
+  const Mat<T> a = wq.transpose() * wq;
+  return Mat<T>(wv * a) / sqrt(T(double(L.head_dim_qk)));
 }
 
 template <class T>
@@ -83,7 +87,7 @@ HeadState<T> ComputeHead(const AttentionLayer& L, int h, const Mat<T>& x) {
     for (int i = 0; i < n; ++i)
       for (int j = 0; j < n; ++j) logits(i, j) = -(s.q.row(i) - s.q.row(j)).squaredNorm() * scale;
   }
-  s.v = x * Cast<T>(ValueMatrix(L, h)).transpose();
+  s.v = x * ValueMatrix<T>(L, h).transpose();
   if (L.bv.size()) AddBias(s.v, Eigen::VectorXd(L.bv.segment(h * L.head_dim_v, L.head_dim_v)));
   s.p = Mat<T>::Zero(n, n);
   for (int i = 0; i < n; ++i) {
@@ -202,7 +206,7 @@ Mat<T> Jvp(const AttentionLayer& L, const LayerState<T>& s, const Mat<T>& dx) {
       const T mean = hs.p.row(i).dot(ds.row(i));
       for (int j = 0; j < n; ++j) dp(i, j) = hs.p(i, j) * (ds(i, j) - mean);
     }
-    const Mat<T> dv = dz * detail::Cast<T>(detail::ValueMatrix(L, h)).transpose();
+    const Mat<T> dv = dz * detail::ValueMatrix<T>(L, h).transpose();
     dout += (dp * hs.v + hs.p * dv) * detail::Cast<T>(L.wo_head(h)).transpose();
   }
   return L.layer_norm ? Mat<T>(dx + dout) : dout;
@@ -235,7 +239,7 @@ Mat<T> Vjp(const AttentionLayer& L, const LayerState<T>& s, const Mat<T>& u) {
       gq = T(-2) * scale * (r.asDiagonal() * hs.q - gs * hs.q - gs.transpose() * hs.q);
     }
     gz += gq * detail::Cast<T>(L.wq_head(h));
-    gz += gv * detail::Cast<T>(detail::ValueMatrix(L, h));
+    gz += gv * detail::ValueMatrix<T>(L, h);
   }
   if (!L.layer_norm) return gz;
   return u + detail::LayerNormVjp(*L.layer_norm, s.ln, gz);

@@ -130,9 +130,14 @@ TEST_P(WitnessEvalTest, BelowAndCloseToMpfr) {
     using M = Eigen::Matrix<mpfr::mpreal, Eigen::Dynamic, Eigen::Dynamic>;
     const M xm = x.cast<mpfr::mpreal>();
     const M y = Jvp<mpfr::mpreal>(L, Evaluate<mpfr::mpreal>(L, xm), M(v.cast<mpfr::mpreal>()));
+    Eigen::MatrixXd slo, shi;  // the independent scalar-interval evaluation
+    EncloseJvpScalar(L, x, v, ExpBackend::kMpfr, &slo, &shi);
     for (Eigen::Index k = 0; k < y.size(); ++k) {
       EXPECT_LE(mpfr::mpreal(lo(k)), y(k));
       EXPECT_GE(mpfr::mpreal(hi(k)), y(k));
+      EXPECT_LE(mpfr::mpreal(slo(k)), y(k));
+      EXPECT_GE(mpfr::mpreal(shi(k)), y(k));
+      EXPECT_LE(hi(k) - lo(k), 1e-10 * (1 + std::abs(y(k).toDouble())));
     }
   }
 }
