@@ -9,6 +9,7 @@
 #include "interval/interval_matrix.h"
 #include "interval/norms.h"
 #include "interval/softmax.h"
+#include "kernels/parallel.h"
 
 namespace lipcert {
 namespace {
@@ -459,9 +460,16 @@ UpperBound BlockNormUpperBound(const AttentionLayer& L, const TokenCover& cover,
   // J_MHA = sum_h P^h (x) W_h + R, R's blocks bounded by the N x N matrix r.
   double kron = 0;
   Eigen::MatrixXd full = Eigen::MatrixXd::Zero(n, n), r = Eigen::MatrixXd::Zero(n, n);
+  // Heads are independent: bound them in parallel, then add up in head order.
+  std::vector<HeadGeometry> geo(L.heads);
+  std::vector<FactorBounds> fb(L.heads);
+  kernels_internal::ParallelFor(L.heads, kernels_internal::WorkerCount(0, L.heads), [&](int h, int) {
+    geo[h] = Geometry(L, h, in.zc, p);
+    fb[h] = Bounds(geo[h], in.rho_z, L.causal);
+  });
   for (int h = 0; h < L.heads; ++h) {
-    const HeadGeometry G = Geometry(L, h, in.zc, p);
-    const FactorBounds F = Bounds(G, in.rho_z, L.causal);
+    const HeadGeometry& G = geo[h];
+    const FactorBounds& F = fb[h];
     kron = AddUp(kron, MulUp(ProbabilityNormUp(F.p_hi, p), G.w_norm));
     for (int i = 0; i < n; ++i) {
       const int len = L.causal ? i + 1 : n;
