@@ -1,6 +1,8 @@
 #include "certify/jacobian_bounds.h"
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <cmath>
 #include <stdexcept>
 #include <vector>
@@ -118,6 +120,7 @@ struct HeadGeometry {
   Eigen::MatrixXd dg;       // l2: ||g_j - g_k||_q, centre
   Eigen::MatrixXd db;       // dot: ||b_j - b_k||_q, centre (l2: == dg)
   Eigen::VectorXd g_norm;   // dot: ||g_i||_q, centre
+  Eigen::VectorXd b_shifted_l2;  // dot: ||b_j - c||_2 for the mean c of the centre's b rows
   double c_u = 0;      // ||W_h||_{2->p}: how far u_j moves per unit of ||z_j||
   double c_g = 0;      // dot: ||Wk^T Wq||_{2->q}/sqrt(dk); l2: ||Wq^T Wq||_{2->q}/sqrt(dk)
   double c_b = 0;      // dot: ||Wq^T Wk||_{2->q}/sqrt(dk); l2: == c_g
@@ -164,6 +167,16 @@ HeadGeometry Geometry(const AttentionLayer& L, int h, const Eigen::MatrixXd& zc,
     G.g_norm.resize(n);
     for (int i = 0; i < n; ++i) G.g_norm(i) = NormUpOfMagnitudes(RowMagnitude(G.g, i), p, true);
     G.db = PairDistanceUp(G.b, p, true);
+    // Softmax ignores a shift common to a row: s_ij - c.dz_i has the same probabilities,
+    // so the logit box only needs ||b_j - c|| (keys often share a large mean component).
+    const Eigen::RowVectorXd c = G.b.mid.colwise().mean();
+    G.b_shifted_l2.resize(n);
+    for (int j = 0; j < n; ++j) {
+      Eigen::VectorXd m(G.b.cols());
+      for (Eigen::Index a = 0; a < G.b.cols(); ++a)
+        m(a) = AddUp(std::max(SubUp(G.b.mid(j, a), c(a)), SubUp(c(a), G.b.mid(j, a))), G.b.rad(j, a));
+      G.b_shifted_l2(j) = NormUpOfMagnitudes(m, NormKind::kL2, false);
+    }
   } else {
     G.k = G.q;
     G.g = Scale(inv_sqrt_dk, Mul(G.q, wq));
@@ -207,11 +220,12 @@ FactorBounds Bounds(const HeadGeometry& G, const Eigen::VectorXd& rho, bool caus
   // Logit box.
   Eigen::MatrixXd lo(n, n), hi(n, n);
   if (G.dot) {
-    // s_ij - s0_ij = g_i . dz_j + b_j . dz_i + dz_i^T (Wq^T Wk / sqrt dk) dz_j.
+    // s_ij - c.dz_i - s0_ij = g_i . dz_j + (b_j - c) . dz_i + dz_i^T (Wq^T Wk / sqrt dk) dz_j,
+    // and s_ij - c.dz_i has the same softmax row as s_ij.
     for (int i = 0; i < n; ++i) {
       const double gi = NormUpOfMagnitudes(RowMagnitude(G.g, i), NormKind::kL2, false);
       for (int j = 0; j < n; ++j) {
-        const double bj = NormUpOfMagnitudes(RowMagnitude(G.b, j), NormKind::kL2, false);
+        const double bj = G.b_shifted_l2(j);
         const double delta = AddUp(AddUp(MulUp(gi, rho(j)), MulUp(bj, rho(i))),
                                    MulUp(G.c_logit, MulUp(rho(i), rho(j))));
         const Interval s0 = G.logits(i, j);
@@ -558,7 +572,13 @@ UpperBound CentredUpperBound(const AttentionLayer& L, const TokenCover& cover, c
     delta = AddUp(delta, MulUp(NormL2UpperCrude(jm).value(), in.delta_ln.maxCoeff()));
     j0 = ComposeWithLayerNorm(jm, in.ln_jac, n, d, !opts.exclude_residual);
   }
-  return UpperBound(AddUp(NormL2UpperInterval(j0).value(), delta));
+  const double centre_norm = NormL2UpperInterval(j0).value();
+  if (std::getenv("LIPCERT_DEBUG_BOUNDS"))
+    std::fprintf(stderr, "centred: ||J(X0)|| <= %.6g, kron %.6g, ||rd diag(ell)|| %.6g, ln term %.6g, ell_max %.4g, rho_z max %.4g\n",
+                 centre_norm, MulUp(kron, ell_max), ScaledNonnegNormUp(rd, in.ell, p),
+                 in.residual ? MulUp(NormL2UpperCrude(jm).value(), in.delta_ln.maxCoeff()) : 0.0, ell_max,
+                 in.rho_z.maxCoeff());
+  return UpperBound(AddUp(centre_norm, delta));
 }
 
 }  // namespace lipcert
