@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# End-to-end checks of the CLI on a bundled checkpoint: a certificate with the documented
+# fields and a sound ordering (lower <= upper), a witness file, and bad input giving
+# exit status 2, one line on stderr, and no output file.
+# Usage: tests/cli/cli_test.sh LIPCERT_BINARY SOURCE_DIR
+set -uo pipefail
+bin=$1
+src=$2
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fail=0
+check() { if eval "$2"; then echo "ok: $1"; else echo "FAIL: $1"; fail=1; fi; }
+
+"$bin" certify --model "$src/models/zoo/dot-layer0.safetensors" --center zero --tokens 4 --set tokens \
+  --radius 0.5 --time-limit 3 --quiet --json "$tmp/c.json" --witness "$tmp/w.safetensors" >"$tmp/out.txt"
+check "certify exits 0" "[ $? -eq 0 ]"
+check "summary printed" "grep -q 'certified upper' '$tmp/out.txt'"
+python3 - "$tmp/c.json" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1]))
+assert c["schema"] == "lipcert.certificate/1"
+for k in ["model", "layer", "set", "norm", "upper_bound", "lower_bound", "gap", "engines", "numerics", "status", "elapsed_s", "invertibility"]:
+    assert k in c, k
+assert len(c["model"]["sha256"]) == 64
+assert 0 < c["lower_bound"] <= c["upper_bound"], (c["lower_bound"], c["upper_bound"])
+assert c["upper_bound"] == min(v for v in c["engines"].values() if v is not None)
+assert c["status"] != "in_progress"
+PY
+check "certificate fields and lower <= upper" "[ $? -eq 0 ]"
+check "witness written" "[ -s '$tmp/w.safetensors' ]"
+"$bin" inspect "$src/models/zoo/l2-layer1.safetensors" --json >"$tmp/inspect.json"
+check "inspect --json" "python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d[\"layers\"][0][\"kind\"]==\"l2\"' '$tmp/inspect.json'"
+
+# Bad input: exit 2, one line, nothing written.
+printf 'not a safetensors file' >"$tmp/bad.safetensors"
+"$bin" certify --model "$tmp/bad.safetensors" --center zero --tokens 4 --radius 1 --json "$tmp/bad.json" 2>"$tmp/err.txt"
+check "truncated checkpoint exits 2" "[ $? -eq 2 ]"
+check "one error line naming the file" "[ \$(wc -l <'$tmp/err.txt') -eq 1 ] && grep -q bad.safetensors '$tmp/err.txt'"
+check "no partial certificate" "[ ! -e '$tmp/bad.json' ]"
+"$bin" certify --model "$src/models/zoo/dot-layer0.safetensors" --center zero --tokens 4 --radius -1 2>/dev/null
+check "negative radius exits 2" "[ $? -eq 2 ]"
+exit $fail
