@@ -84,6 +84,7 @@ struct CertifyArgs {
   double radius = -1, relative_radius = -1, time_limit = 30, tolerance = 0.01, search_share = 0.3;
   uint64_t seed = 1;
   bool quiet = false;
+  bool attention_only = false;
 };
 
 void AddCertifyArgs(CLI::App* app, CertifyArgs* a) {
@@ -101,6 +102,8 @@ void AddCertifyArgs(CLI::App* app, CertifyArgs* a) {
   app->add_option("--json", a->json_out, "write the certificate here (atomically, updated as it improves)");
   app->add_option("--witness", a->witness_out, "write the witness input x and direction v here (safetensors)");
   app->add_flag("--quiet", a->quiet, "no progress lines on stderr");
+  app->add_flag("--attention-only", a->attention_only,
+                "for a sublayer X + MHA(LN(X)): certify MHA alone (the centre is then its input)");
 }
 
 // Everything a certify run needs, validated before any output is written.
@@ -119,6 +122,7 @@ Job Prepare(const CertifyArgs& a) {
   if ((a.radius >= 0) == (a.relative_radius >= 0)) throw OptionError("--radius: give exactly one of --radius and --relative-radius (>= 0)");
   job.model = Load(a.model);
   job.layer = SelectLayer(job.model, a.model);
+  if (a.attention_only) job.model.layers[job.layer].layer_norm.reset();
   const AttentionLayer& L = job.model.layers[job.layer];
   job.set.center = LoadCentre(a.center, a.tokens, L.d_model);
   job.set.radius = a.radius >= 0 ? a.radius : a.relative_radius * job.set.center.norm();

@@ -31,6 +31,10 @@ check "witness written" "[ -s '$tmp/w.safetensors' ]"
 "$bin" inspect "$src/models/zoo/l2-layer1.safetensors" --json >"$tmp/inspect.json"
 check "inspect --json" "python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d[\"layers\"][0][\"kind\"]==\"l2\"' '$tmp/inspect.json'"
 
+"$bin" certify --model "$src/models/zoo/l2-layer0.safetensors" --center zero --tokens 3 --set tokens \
+  --radius 1 --time-limit 2 --quiet --attention-only --json "$tmp/a.json" >/dev/null
+check "--attention-only certifies MHA alone" "python3 -c 'import json,sys; c=json.load(open(sys.argv[1])); assert not c[\"layer\"][\"layer_norm\"] and \"invertibility\" not in c and 0 < c[\"lower_bound\"] <= c[\"upper_bound\"]' '$tmp/a.json'"
+
 # Bad input: exit 2, one line, nothing written.
 printf 'not a safetensors file' >"$tmp/bad.safetensors"
 "$bin" certify --model "$tmp/bad.safetensors" --center zero --tokens 4 --radius 1 --json "$tmp/bad.json" 2>"$tmp/err.txt"
