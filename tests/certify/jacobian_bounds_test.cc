@@ -163,3 +163,39 @@ TEST(ClosedFormTest, KimBoundMatchesPublishedValuesForUnitWeights) {
 }
 }  // namespace
 }  // namespace lipcert
+
+#include "certify/branch_and_bound.h"
+
+namespace lipcert {
+namespace {
+using namespace testing_util;
+
+// Branch and bound splits the set and covers pieces by its own logic (piece covers,
+// disjointness pruning, parent caps): its bound must dominate the witnesses too.
+TEST(BranchAndBoundTest, SplitBoundsDominateWitnessedLowerBounds) {
+  mpfr::mpreal::set_default_prec(256);
+  std::mt19937_64 rng(31);
+  const int cases = int(150 * TestScale());
+  int split_cases = 0;
+  for (int t = 0; t < cases; ++t) {
+    RandomLayerOptions lo;
+    lo.max_tokens = 2;
+    lo.max_width = 2;
+    const AttentionLayer layer = RandomLayer(rng, lo);
+    const InputSet set = RandomSet(rng, std::uniform_int_distribution<int>(1, 2)(rng), layer.d_model);
+    const NormKind norm = t % 2 ? NormKind::kL2 : NormKind::kLinf;
+    double lower = JacobianNormMp(layer, set.center, norm);
+    for (int s = 0; s < 8; ++s) lower = std::max(lower, JacobianNormMp(layer, SamplePoint(rng, set, s % 2), norm));
+    BranchAndBoundOptions o;
+    o.norm = norm;
+    o.tolerance = 0;      // never stop early: split until the piece budget is spent
+    o.max_pieces = 40;
+    o.time_limit_s = 5;
+    const BranchAndBoundResult r = BranchAndBound(layer, set, LowerBound(0), o);
+    ASSERT_GE(r.upper.value(), lower * (1 - 1e-12)) << "case " << t;
+    split_cases += r.pieces_explored > 1;
+  }
+  EXPECT_GT(split_cases, cases / 2);
+}
+}  // namespace
+}  // namespace lipcert
