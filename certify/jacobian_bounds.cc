@@ -392,7 +392,8 @@ double WeightedSumUp(const Eigen::MatrixXd& w, const Eigen::MatrixXd& d, int i, 
   return s;
 }
 
-// The dense enclosure of J_MHA at the z-centre (ND x ND, row-major token blocks).
+// The dense enclosure of J_MHA at the z-centre (ND x ND, row-major token blocks). Block
+// rows are independent: they are filled in parallel, heads added in order within each.
 IntervalMatrix DenseMhaJacobian(const AttentionLayer& L, const std::vector<HeadGeometry>& geo,
                                 const std::vector<FactorBounds>& centre, int n, int d) {
   Eigen::MatrixXd mid = Eigen::MatrixXd::Zero(n * d, n * d), rad = Eigen::MatrixXd::Zero(n * d, n * d);
@@ -402,47 +403,50 @@ IntervalMatrix DenseMhaJacobian(const AttentionLayer& L, const std::vector<HeadG
     mid.block(i * d, j * d, d, d) = cur.mid;
     rad.block(i * d, j * d, d, d) = cur.rad;
   };
+  auto row_of = [](const IntervalMatrix& m, int r) { return IntervalMatrix(m.mid.row(r), m.rad.row(r)); };
+  std::vector<IntervalMatrix> p0(L.heads), ubar(L.heads), bbar(L.heads);
   for (int h = 0; h < L.heads; ++h) {
-    const HeadGeometry& G = geo[h];
-    const IntervalMatrix p0 = IntervalMatrix::FromBounds(centre[h].p_lo, centre[h].p_hi);
-    const IntervalMatrix ubar = Mul(p0, G.u);
-    const IntervalMatrix bbar = Mul(p0, G.b);
-    for (int i = 0; i < n; ++i) {
-      const int len = L.causal ? i + 1 : n;
+    p0[h] = IntervalMatrix::FromBounds(centre[h].p_lo, centre[h].p_hi);
+    ubar[h] = Mul(p0[h], geo[h].u);
+    bbar[h] = Mul(p0[h], geo[h].b);
+  }
+  kernels_internal::ParallelFor(n, kernels_internal::WorkerCount(0, n), [&](int i, int) {
+    const int len = L.causal ? i + 1 : n;
+    for (int h = 0; h < L.heads; ++h) {
+      const HeadGeometry& G = geo[h];
       // a_ik and b_ik rows for k < len.
       std::vector<IntervalMatrix> a(len), b(len);
-      const IntervalMatrix ui = IntervalMatrix(ubar.mid.row(i), ubar.rad.row(i));
-      const IntervalMatrix bi = IntervalMatrix(bbar.mid.row(i), bbar.rad.row(i));
+      const IntervalMatrix ui = row_of(ubar[h], i), bi = row_of(bbar[h], i);
       for (int k = 0; k < len; ++k) {
-        a[k] = IntervalMatrix(G.u.mid.row(k), G.u.rad.row(k)) - ui;  // 1 x D
-        b[k] = IntervalMatrix(G.b.mid.row(k), G.b.rad.row(k)) - bi;
+        a[k] = row_of(G.u, k) - ui;  // 1 x D
+        b[k] = row_of(G.b, k) - bi;
         if (!G.dot) b[k] = Scale(Interval(2.0), b[k]);
       }
       IntervalMatrix e_i = IntervalMatrix::Point(Eigen::MatrixXd::Zero(d, d));
-      for (int k = 0; k < len; ++k) e_i = e_i + Scale(p0(i, k), Mul(a[k].transpose(), b[k]));
-      const IntervalMatrix gi = IntervalMatrix(G.g.mid.row(i), G.g.rad.row(i));
+      for (int k = 0; k < len; ++k) e_i = e_i + Scale(p0[h](i, k), Mul(a[k].transpose(), b[k]));
+      const IntervalMatrix gi = row_of(G.g, i);
       for (int j = 0; j < len; ++j) {
         IntervalMatrix gij = gi;  // dot: Wk^T q_i / sqrt(dk)
-        if (!G.dot) gij = Scale(Interval(2.0), gi - IntervalMatrix(G.g.mid.row(j), G.g.rad.row(j)));
-        IntervalMatrix blk = Scale(p0(i, j), G.w + Mul(a[j].transpose(), gij));
+        if (!G.dot) gij = Scale(Interval(2.0), gi - row_of(G.g, j));
+        IntervalMatrix blk = Scale(p0[h](i, j), G.w + Mul(a[j].transpose(), gij));
         if (i == j) blk = blk + e_i;
         accumulate(i, j, blk);
       }
     }
-  }
+  });
   return IntervalMatrix(std::move(mid), std::move(rad));
 }
 
-// J = I + J_M blockdiag(L_j) for the LayerNorm sublayer.
+// J = I + J_M blockdiag(L_j) for the LayerNorm sublayer (block columns in parallel).
 IntervalMatrix ComposeWithLayerNorm(const IntervalMatrix& jm, const std::vector<IntervalMatrix>& ln, int n, int d,
                                     bool add_identity) {
   Eigen::MatrixXd mid(n * d, n * d), rad(n * d, n * d);
-  for (int j = 0; j < n; ++j) {
+  kernels_internal::ParallelFor(n, kernels_internal::WorkerCount(0, n), [&](int j, int) {
     const IntervalMatrix col(jm.mid.middleCols(j * d, d), jm.rad.middleCols(j * d, d));
     const IntervalMatrix prod = Mul(col, ln[j]);
     mid.middleCols(j * d, d) = prod.mid;
     rad.middleCols(j * d, d) = prod.rad;
-  }
+  });
   IntervalMatrix out(std::move(mid), std::move(rad));
   if (!add_identity) return out;
   return out + IntervalMatrix::Point(Eigen::MatrixXd::Identity(n * d, n * d));

@@ -222,6 +222,9 @@ UpperBound SpectralRadiusUpperNonneg(const Eigen::MatrixXd& n, const CollatzWiel
   return Min(UpperBound(cw), NormInf(n));
 }
 
+// A radius norm below this fraction of the midpoint's norm is taken from the crude bound.
+constexpr double kNegligibleRadius = 1e-9;
+
 UpperBound LambdaMaxUpper(const IntervalMatrix& b_in, const NormL2Options& o, NormL2Report* report) {
   RequireRoundToNearest();
   if (b_in.rows() != b_in.cols()) Die("LambdaMaxUpper: not square");
@@ -232,8 +235,11 @@ UpperBound LambdaMaxUpper(const IntervalMatrix& b_in, const NormL2Options& o, No
   if (n == 0) return UpperBound(-kInf);
   const IntervalMatrix b = SymmetrizeEnclosure(b_in);
   // ||B - mid||_2 <= ||rad||_2 = rho(rad) (rad symmetric, >= 0).
-  const UpperBound rad_norm = b.rad.maxCoeff() == 0.0 ? UpperBound(0.0)
-                                                      : SpectralRadiusUpperNonneg(b.rad, o.radius);
+  // rho(rad) <= ||rad||_inf; the Collatz-Wielandt refinement only where that matters
+  // (a radius of rounding size next to the midpoint's norm does not).
+  UpperBound rad_norm = NormInf(b.rad);
+  if (rad_norm.value() > 0.0 && rad_norm.value() > kNegligibleRadius * NormInf(b.mid).value())
+    rad_norm = SpectralRadiusUpperNonneg(b.rad, o.radius);
   rep.radius_norm = rad_norm.value();
   for (Eigen::Index i = 0; i < b.mid.size(); ++i)
     if (!std::isfinite(b.mid.data()[i])) return UpperBound(kInf);
@@ -318,7 +324,9 @@ UpperBound NormL2Upper(const Eigen::MatrixXd& a, const NormL2Options& o, NormL2R
 
 UpperBound NormL2UpperInterval(const IntervalMatrix& a, const NormL2Options& o) {
   const UpperBound mid = NormL2Upper(a.mid, o);
-  const UpperBound rad = a.rad.maxCoeff() == 0.0 ? UpperBound(0.0) : NormL2UpperNonneg(a.rad, o.radius);
+  // The crude bound on the radius first; Collatz-Wielandt only where it matters.
+  UpperBound rad = a.rad.maxCoeff() == 0.0 ? UpperBound(0.0) : NormL2UpperCrude(a.rad);
+  if (rad.value() > kNegligibleRadius * mid.value()) rad = NormL2UpperNonneg(a.rad, o.radius);
   return Min(mid + rad, NormL2UpperCrude(a));
 }
 
