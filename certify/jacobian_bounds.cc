@@ -203,15 +203,27 @@ struct FactorBounds {
   Eigen::MatrixXd b_sup;       // sup ||b_ij||_q
 };
 
-// sum_k P_ik d_jk over the unmasked k, for P_i in [p_lo, p_hi] with sum_k P_ik = 1:
-// at most min(max_k d_jk, sum_k p_hi_ik d_jk).
-double MeanDistanceUp(const Eigen::MatrixXd& p_hi, const Eigen::MatrixXd& d, int i, int j, int len) {
-  double mx = 0, s = 0;
-  for (int k = 0; k < len; ++k) {
-    mx = std::max(mx, d(j, k));
-    s = AddUp(s, MulUp(p_hi(i, k), d(j, k)));
+// max sum_k x_k c_k over 0 <= x_k <= cap_k, sum_k x_k <= total (k < len), for c >= 0: with
+// total 1 an upper bound on sum_k P_k c_k for every probability row P below the caps, with
+// total 2 on sum_k |P_k - P0_k| c_k for two such rows. Greedy on the largest c (never above
+// total max_k c_k nor sum_k cap_k c_k).
+double SimplexWeightedSumUp(const Eigen::VectorXd& cap, const Eigen::VectorXd& c, int len, double total = 1.0) {
+  std::vector<int> order(len);
+  for (int k = 0; k < len; ++k) order[k] = k;
+  std::sort(order.begin(), order.end(), [&](int a, int b) { return c(a) > c(b); });
+  double left = total, s = 0.0;  // `left` is rounded up: more mass, a larger sum
+  for (int k : order) {
+    if (!(left > 0)) break;
+    const double x = std::min(cap(k), left);
+    s = AddUp(s, MulUp(x, c(k)));
+    left = SubUp(left, x);
   }
-  return std::min(mx, s);
+  return s;
+}
+
+// sum_k P_ik d_jk over the unmasked k, for P_i below p_hi with sum_k P_ik = 1.
+double MeanDistanceUp(const Eigen::MatrixXd& p_hi, const Eigen::MatrixXd& d, int i, int j, int len) {
+  return SimplexWeightedSumUp(p_hi.row(i).transpose(), d.row(j).transpose(), len);
 }
 
 FactorBounds Bounds(const HeadGeometry& G, const Eigen::VectorXd& rho, bool causal) {
@@ -380,17 +392,20 @@ double ScaledNonnegNormUp(Eigen::MatrixXd b, const Eigen::VectorXd& s, NormKind 
   return NonnegNormUp(b, p);
 }
 
-// ||P (x) W||_p <= ||P||_p ||W||_p, and P's rows sum to one: ||P||_inf = 1.
+// ||P (x) W||_p <= ||P||_p ||W||_p, and P's rows sum to one: ||P||_inf = 1, so also
+// ||P||_2 <= sqrt(||P||_inf ||P||_1) <= sqrt(max column sum of p_hi).
 double ProbabilityNormUp(const Eigen::MatrixXd& p_hi, NormKind p) {
-  return p == NormKind::kL2 ? NonnegNormUp(p_hi, p) : 1.0;
+  if (p != NormKind::kL2) return 1.0;
+  double col = 0;
+  for (Eigen::Index j = 0; j < p_hi.cols(); ++j) {
+    double s = 0;
+    for (Eigen::Index i = 0; i < p_hi.rows(); ++i) s = AddUp(s, p_hi(i, j));
+    col = std::max(col, s);
+  }
+  return std::min(NonnegNormUp(p_hi, p), SqrtUp(col));
 }
 
-// sum over the unmasked k of w_ik d_jk.
-double WeightedSumUp(const Eigen::MatrixXd& w, const Eigen::MatrixXd& d, int i, int j, int len) {
-  double s = 0;
-  for (int k = 0; k < len; ++k) s = AddUp(s, MulUp(w(i, k), d(j, k)));
-  return s;
-}
+
 
 // The dense enclosure of J_MHA at the z-centre (ND x ND, row-major token blocks). Block
 // rows are independent: they are filled in parallel, heads added in order within each.
@@ -506,7 +521,32 @@ UpperBound BlockNormUpperBound(const AttentionLayer& L, const TokenCover& cover,
   for (int i = 0; i < n; ++i)
     for (int j = 0; j < n; ++j) all(i, j) = AddUp(full(i, j), r(i, j));
   const double joint = ScaledNonnegNormUp(all, in.ell, p);
-  const double mha = std::min(split, joint);
+  // Row sums of the block bounds (times ell_j) with P's rows on the simplex:
+  //   sum_j ||J_ij|| ell_j <= sum_h [ sum_j P_ij (||W_h|| + a g) ell_j + ell_i sum_k P_ik a b ].
+  // Then ||.||_inf <= max row sum, and ||.||_2 <= sqrt(max row sum * max column sum).
+  double row_max = 0;
+  for (int i = 0; i < n; ++i) {
+    const int len = L.causal ? i + 1 : n;
+    double row = 0;
+    for (int h = 0; h < L.heads; ++h) {
+      const FactorBounds& F = fb[h];
+      Eigen::VectorXd cap = F.p_hi.row(i).transpose(), c1(len), c2(len);
+      for (int j = 0; j < len; ++j) {
+        c1(j) = MulUp(AddUp(geo[h].w_norm, MulUp(F.a_sup(i, j), F.g_sup(i, j))), in.ell(j));
+        c2(j) = MulUp(MulUp(F.a_sup(i, j), F.b_sup(i, j)), in.ell(i));
+      }
+      row = AddUp(row, AddUp(SimplexWeightedSumUp(cap, c1, len), SimplexWeightedSumUp(cap, c2, len)));
+    }
+    row_max = std::max(row_max, row);
+  }
+  double col_max = 0;
+  for (int j = 0; j < n; ++j) {
+    double s = 0;
+    for (int i = 0; i < n; ++i) s = AddUp(s, all(i, j));
+    col_max = std::max(col_max, MulUp(s, in.ell(j)));
+  }
+  const double schur = p == NormKind::kL2 ? SqrtUp(MulUp(row_max, col_max)) : row_max;
+  const double mha = std::min({split, joint, schur});
   return UpperBound(in.residual && !opts.exclude_residual ? AddUp(1.0, mha) : mha);
 }
 
@@ -524,6 +564,9 @@ UpperBound CentredUpperBound(const AttentionLayer& L, const TokenCover& cover, c
   // sup ||J_M(z) - J_M(zc)|| <= kron + ||rd||, with rd the N x N block bounds.
   double kron = 0;
   Eigen::MatrixXd full = Eigen::MatrixXd::Zero(n, n), rd = Eigen::MatrixXd::Zero(n, n);
+  // Row sums of the block bounds of J(X) - J(X0) (columns scaled by ell), with the rows of
+  // dP and P0 on the simplex (see SimplexWeightedSumUp).
+  Eigen::VectorXd row_sum = Eigen::VectorXd::Zero(n);
   for (int h = 0; h < L.heads; ++h) {
     geo.push_back(Geometry(L, h, in.zc, p));
     const HeadGeometry& G = geo.back();
@@ -539,20 +582,31 @@ UpperBound CentredUpperBound(const AttentionLayer& L, const TokenCover& cover, c
     for (int i = 0; i < n; ++i) {
       const int len = L.causal ? i + 1 : n;
       const double rho_max = in.rho_z.head(len).maxCoeff();
+      // sum_k |P_ik - P0_ik| c_k <= the greedy sum with caps w_ik and total 2.
+      const Eigen::VectorXd w_i = w.row(i).transpose(), p0_i = F0.p_hi.row(i).transpose();
+      auto dp_sum = [&](const Eigen::MatrixXd& dist, int j) {
+        return SimplexWeightedSumUp(w_i, dist.row(j).transpose(), len, 2.0);
+      };
+      // Row i's terms, split by their weights (w or P0) for the row-sum bound below.
+      Eigen::VectorXd cw_t(len), cp_t(len), cw_e(len), cp_e(len);
       double de = 0;
       for (int j = 0; j < len; ++j) {
         full(i, j) = AddUp(full(i, j), MulUp(w(i, j), G.w_norm));
-        // a_ij - a0_ij = du_j - dubar_i: ||.|| <= c_u (rho_j + max_k rho_k) + sum_k w_ik ||u0_k - u0_j||.
-        const double da = AddUp(MulUp(G.c_u, AddUp(in.rho_z(j), rho_max)), WeightedSumUp(w, G.du, i, j, len));
+        // a_ij - a0_ij = du_j - dubar_i: ||.|| <= c_u (rho_j + max_k rho_k) + sum_k |dP_ik| ||u0_k - u0_j||.
+        const double da = AddUp(MulUp(G.c_u, AddUp(in.rho_z(j), rho_max)), dp_sum(G.du, j));
         double dg, db;
         if (G.dot) {
           dg = MulUp(G.c_g, in.rho_z(i));
-          db = AddUp(MulUp(G.c_b, AddUp(in.rho_z(j), rho_max)), WeightedSumUp(w, G.db, i, j, len));
+          db = AddUp(MulUp(G.c_b, AddUp(in.rho_z(j), rho_max)), dp_sum(G.db, j));
         } else {
           dg = MulUp(2.0, MulUp(G.c_g, AddUp(in.rho_z(i), in.rho_z(j))));
-          db = MulUp(2.0, AddUp(MulUp(G.c_g, AddUp(in.rho_z(j), rho_max)), WeightedSumUp(w, G.dg, i, j, len)));
+          db = MulUp(2.0, AddUp(MulUp(G.c_g, AddUp(in.rho_z(j), rho_max)), dp_sum(G.dg, j)));
         }
         // P a g^T - P0 a0 g0^T = dP a g^T + P0 da g^T + P0 a0 dg^T (and likewise with b).
+        cw_t(j) = MulUp(AddUp(G.w_norm, MulUp(F.a_sup(i, j), F.g_sup(i, j))), in.ell(j));
+        cp_t(j) = MulUp(AddUp(MulUp(da, F.g_sup(i, j)), MulUp(F0.a_sup(i, j), dg)), in.ell(j));
+        cw_e(j) = MulUp(MulUp(F.a_sup(i, j), F.b_sup(i, j)), in.ell(i));
+        cp_e(j) = MulUp(AddUp(MulUp(da, F.b_sup(i, j)), MulUp(F0.a_sup(i, j), db)), in.ell(i));
         const double dt = AddUp(MulUp(w(i, j), MulUp(F.a_sup(i, j), F.g_sup(i, j))),
                                 MulUp(F0.p_hi(i, j), AddUp(MulUp(da, F.g_sup(i, j)), MulUp(F0.a_sup(i, j), dg))));
         rd(i, j) = AddUp(rd(i, j), dt);
@@ -560,14 +614,28 @@ UpperBound CentredUpperBound(const AttentionLayer& L, const TokenCover& cover, c
                              MulUp(F0.p_hi(i, j), AddUp(MulUp(da, F.b_sup(i, j)), MulUp(F0.a_sup(i, j), db)))));
       }
       rd(i, i) = AddUp(rd(i, i), de);
+      const double row = AddUp(AddUp(SimplexWeightedSumUp(w_i, cw_t, len, 2.0), SimplexWeightedSumUp(p0_i, cp_t, len)),
+                               AddUp(SimplexWeightedSumUp(w_i, cw_e, len, 2.0), SimplexWeightedSumUp(p0_i, cp_e, len)));
+      row_sum(i) = AddUp(row_sum(i), row);
     }
   }
   const double ell_max = in.ell.maxCoeff();
   Eigen::MatrixXd all(n, n);
   for (int i = 0; i < n; ++i)
     for (int j = 0; j < n; ++j) all(i, j) = AddUp(full(i, j), rd(i, j));
-  double delta = std::min(AddUp(MulUp(kron, ell_max), ScaledNonnegNormUp(rd, in.ell, p)),
-                          ScaledNonnegNormUp(all, in.ell, p));
+  double col_max = 0;
+  for (int j = 0; j < n; ++j) {
+    double s = 0;
+    for (int i = 0; i < n; ++i) s = AddUp(s, all(i, j));
+    col_max = std::max(col_max, MulUp(s, in.ell(j)));
+  }
+  // ||B||_2 <= sqrt(||B||_inf ||B||_1) for the block-bound matrix B.
+  const double schur = SqrtUp(MulUp(row_sum.maxCoeff(), col_max));
+  if (std::getenv("LIPCERT_DEBUG_BOUNDS"))
+    std::fprintf(stderr, "centred delta: row max %.6g, col max %.6g, schur %.6g, kron+rd %.6g, all %.6g\n", row_sum.maxCoeff(),
+                 col_max, schur, AddUp(MulUp(kron, ell_max), ScaledNonnegNormUp(rd, in.ell, p)), ScaledNonnegNormUp(all, in.ell, p));
+  double delta = std::min({AddUp(MulUp(kron, ell_max), ScaledNonnegNormUp(rd, in.ell, p)),
+                           ScaledNonnegNormUp(all, in.ell, p), schur});
   const IntervalMatrix jm = DenseMhaJacobian(L, geo, centre, n, d);
   IntervalMatrix j0 = jm;
   if (in.residual) {
