@@ -7,6 +7,7 @@
 #include <stdexcept>
 #include <vector>
 
+#include "certify/layer_norm_enclosure.h"
 #include "interval/elementary.h"
 #include "interval/interval_matrix.h"
 #include "interval/norms.h"
@@ -323,25 +324,19 @@ MhaInput MhaInputOver(const AttentionLayer& L, const TokenCover& cover, NormKind
   m.residual = true;
   const LayerNormParams& ln = *L.layer_norm;
   const double gmax = ln.gamma.cwiseAbs().maxCoeff();
-  const Interval dd{double(d)}, eps{ln.eps};
+  const Interval dd{double(d)};
   const double sqrt_d_lo = SqrtDown(double(d));
   m.zc.resize(n, d);
   m.rho_z.resize(n);
   for (int j = 0; j < n; ++j) {
-    const Eigen::RowVectorXd x = cover.center.row(j);
-    Interval sum(0.0);
-    for (int a = 0; a < d; ++a) sum += Interval(x(a));
-    const Interval mean = sum / dd;
-    std::vector<Interval> c(d);
-    Interval sq(0.0);
+    const LayerNormRowEnclosure r = EncloseLayerNormRow(ln, cover.center.row(j));
+    const std::vector<Interval>& c = r.centred;
+    const Interval& sigma0 = r.sigma;
     double cn_lo2 = 0, cn_hi2 = 0;
     for (int a = 0; a < d; ++a) {
-      c[a] = Interval(x(a)) - mean;
-      sq += Sqr(c[a]);
       cn_lo2 = AddDown(cn_lo2, MulDown(c[a].Mig(), c[a].Mig()));
       cn_hi2 = AddUp(cn_hi2, MulUp(c[a].Mag(), c[a].Mag()));
     }
-    const Interval sigma0 = Sqrt(sq / dd + eps);
     const double rho = cover.radius(j);
     const double cn_lo = SqrtDown(cn_lo2), cn_hi = SqrtUp(cn_hi2);
     const double shrunk = std::max(0.0, SubDown(cn_lo, rho));
@@ -353,11 +348,10 @@ MhaInput MhaInputOver(const AttentionLayer& L, const TokenCover& cover, NormKind
     //             <= max|gamma| (2 + sqrt(D)) / sigma.
     m.ell(j) = p == NormKind::kL2 ? ell2 : DivUp(MulUp(gmax, AddUp(2.0, SqrtUp(double(d)))), sigma_lo);
     // Centre z0 = gamma * c / sigma0 + beta, enclosed; the cover's centre is its midpoint.
-    std::vector<Interval> xhat(d);
+    const std::vector<Interval>& xhat = r.xhat;
     double err2 = 0;
     for (int a = 0; a < d; ++a) {
-      xhat[a] = c[a] / sigma0;
-      const Interval z = Interval(ln.gamma(a)) * xhat[a] + Interval(ln.beta(a));
+      const Interval& z = r.z[a];
       const double mid = 0.5 * z.lo + 0.5 * z.hi;
       m.zc(j, a) = mid;
       const double e = std::max(SubUp(z.hi, mid), SubUp(mid, z.lo));

@@ -1,5 +1,7 @@
 #include "certify/witness_eval.h"
 
+#include "certify/layer_norm_enclosure.h"
+
 #include <cmath>
 #include <stdexcept>
 
@@ -145,31 +147,19 @@ void EncloseJvp(const AttentionLayer& L, const Eigen::MatrixXd& x, const Eigen::
   if (L.layer_norm) {  // z = gamma * (x - mean) / sigma + beta and its JVP, row by row
     const LayerNormParams& ln = *L.layer_norm;
     std::vector<Interval> ze(n * d), dze(n * d);
-    const Interval dd{double(d)}, eps{ln.eps};
+    const Interval dd{double(d)};
     for (Eigen::Index i = 0; i < n; ++i) {
-      Interval sum(0.0), dsum(0.0);
+      const LayerNormRowEnclosure r = EncloseLayerNormRow(ln, x.row(i));
+      Interval dsum(0.0), mxd(0.0);
       for (Eigen::Index a = 0; a < d; ++a) {
-        sum += Interval(x(i, a));
         dsum += Interval(v(i, a));
+        mxd += r.xhat[a] * Interval(v(i, a));
       }
-      const Interval mean = sum / dd, dmean = dsum / dd;
-      std::vector<Interval> c(d);
-      Interval sq(0.0);
-      for (Eigen::Index a = 0; a < d; ++a) {
-        c[a] = Interval(x(i, a)) - mean;
-        sq += Sqr(c[a]);
-      }
-      const Interval sigma = Sqrt(sq / dd + eps);
-      std::vector<Interval> xhat(d);
-      Interval mxd(0.0);
-      for (Eigen::Index a = 0; a < d; ++a) {
-        xhat[a] = c[a] / sigma;
-        mxd += xhat[a] * Interval(v(i, a));
-      }
+      const Interval dmean = dsum / dd;
       mxd = mxd / dd;
       for (Eigen::Index a = 0; a < d; ++a) {
-        ze[i * d + a] = Interval(ln.gamma(a)) * xhat[a] + Interval(ln.beta(a));
-        dze[i * d + a] = Interval(ln.gamma(a)) * (Interval(v(i, a)) - dmean - xhat[a] * mxd) / sigma;
+        ze[i * d + a] = r.z[a];
+        dze[i * d + a] = Interval(ln.gamma(a)) * (Interval(v(i, a)) - dmean - r.xhat[a] * mxd) / r.sigma;
       }
     }
     z = FromIntervals(ze, n, d);
