@@ -4,6 +4,8 @@
 //   lipcert certify --model M [--preset P] [--layer I] --center SPEC [--tokens N]
 //                   --set ball|tokens|box --radius R [--norm 2|inf] [--time-limit S]
 //                   [--json OUT.json] [--witness OUT.safetensors]
+//   lipcert search  (the options of certify): the witnessed lower bound alone, for
+//                   --time-limit seconds
 //   lipcert zoo     [--dir models/zoo] [--time-limit S]   (the bundled default models)
 //   lipcert bench   --n N --d D --heads H --batch B [--kind dot|l2] [--device cpu|cuda]
 //                   [--dtype f32|f64] [--threads T]
@@ -19,6 +21,7 @@
 #include <stdexcept>
 
 #include "certify/certify.h"
+#include "certify/search.h"
 #include "kernels/bench.h"
 #include "models/centre.h"
 #include "models/errors.h"
@@ -143,6 +146,39 @@ Job Prepare(const CertifyArgs& a) {
   return job;
 }
 
+void WriteWitness(const std::string& path, const Eigen::MatrixXd& x, const Eigen::MatrixXd& v, double lower) {
+  auto tensor = [](const Eigen::MatrixXd& m) {
+    Tensor t;
+    t.dtype = "F64";
+    t.shape = {m.rows(), m.cols()};
+    for (Eigen::Index i = 0; i < m.rows(); ++i)
+      for (Eigen::Index j = 0; j < m.cols(); ++j) t.values.push_back(m(i, j));
+    return t;
+  };
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.17g", lower);
+  WriteSafetensors(path, {{"x", tensor(x)}, {"v", tensor(v)}}, {{"lower_bound", buf}});
+}
+
+// The lower-bound search alone, with the whole time limit: the witness, its floating value
+// and its rigorous lower bound.
+int RunSearch(const CertifyArgs& a) {
+  const Job job = Prepare(a);
+  if (!a.json_out.empty()) throw OptionError("--json: search writes no certificate; use --witness");
+  SearchOptions so;
+  so.norm = job.options.norm;
+  so.seed = a.seed;
+  so.time_limit_s = a.time_limit;
+  so.verbose = !a.quiet;
+  const SearchResult r = SearchLowerBound(job.model.layers[job.layer], job.set, so);
+  if (!a.witness_out.empty()) WriteWitness(a.witness_out, r.best.x, r.best.v, r.best.lower_bound);
+  std::printf("witnessed lower bound %.17g (floating %.9g, origin %s)\n", r.best.lower_bound, r.best.value,
+              r.best.origin.c_str());
+  std::printf("%d points, %d ascent steps, %d rounds, %.1f s\n", r.points_evaluated, r.ascent_steps, r.rounds,
+              r.elapsed_s);
+  return 0;
+}
+
 int RunCertify(const CertifyArgs& a) {
   Job job = Prepare(a);
   if (!a.json_out.empty()) {
@@ -154,18 +190,7 @@ int RunCertify(const CertifyArgs& a) {
   }
   WitnessData w;
   const Certificate c = Certify(job.model.layers[job.layer], job.set, job.options, job.provenance, &w);
-  if (!a.witness_out.empty()) {
-    auto tensor = [](const Eigen::MatrixXd& m) {
-      Tensor t;
-      t.dtype = "F64";
-      t.shape = {m.rows(), m.cols()};
-      for (Eigen::Index i = 0; i < m.rows(); ++i)
-        for (Eigen::Index j = 0; j < m.cols(); ++j) t.values.push_back(m(i, j));
-      return t;
-    };
-    WriteSafetensors(a.witness_out, {{"x", tensor(w.x)}, {"v", tensor(w.v)}},
-                     {{"lower_bound", std::to_string(c.lower_bound.value())}});
-  }
+  if (!a.witness_out.empty()) WriteWitness(a.witness_out, w.x, w.v, c.lower_bound.value());
   if (!a.json_out.empty()) WriteFileAtomic(a.json_out, ToJson(c).dump(2) + "\n");
   std::cout << Summary(c);
   return 0;
@@ -239,6 +264,9 @@ int Main(int argc, char** argv) {
   CertifyArgs certify_args;
   CLI::App* certify = app.add_subcommand("certify", "certify the local Lipschitz constant of one layer over a set");
   AddCertifyArgs(certify, &certify_args);
+  CertifyArgs search_args;
+  CLI::App* search = app.add_subcommand("search", "the witnessed lower bound alone (the whole time limit)");
+  AddCertifyArgs(search, &search_args);
   ZooArgs zoo_args;
   CLI::App* zoo = app.add_subcommand("zoo", "certify the bundled default models");
   zoo->add_option("--dir", zoo_args.dir, "folder of bundled checkpoints");
@@ -268,6 +296,7 @@ int Main(int argc, char** argv) {
   try {
     if (*inspect) return RunInspect(inspect_args, inspect_json);
     if (*certify) return RunCertify(certify_args);
+    if (*search) return RunSearch(search_args);
     if (*zoo) return RunZoo(zoo_args);
     if (*bench) return RunBench(bench_args);
   } catch (const InputError& e) {

@@ -35,6 +35,13 @@ check "inspect --json" "python3 -c 'import json,sys; d=json.load(open(sys.argv[1
   --radius 1 --time-limit 2 --quiet --attention-only --json "$tmp/a.json" >/dev/null
 check "--attention-only certifies MHA alone" "python3 -c 'import json,sys; c=json.load(open(sys.argv[1])); assert not c[\"layer\"][\"layer_norm\"] and \"invertibility\" not in c and 0 < c[\"lower_bound\"] <= c[\"upper_bound\"]' '$tmp/a.json'"
 
+# search alone: a rigorous lower bound at least that of the centre, and its witness.
+"$bin" search --model "$src/models/zoo/dot-layer0.safetensors" --center zero --tokens 4 --set tokens \
+  --radius 0.5 --time-limit 2 --quiet --witness "$tmp/sw.safetensors" >"$tmp/search.txt"
+check "search exits 0" "[ $? -eq 0 ]"
+check "search prints a positive lower bound" "awk '/witnessed lower bound/ { exit !(\$4 > 0) }' '$tmp/search.txt' && grep -q 'witnessed lower bound' '$tmp/search.txt'"
+check "search witness written" "[ -s '$tmp/sw.safetensors' ]"
+
 # Bad input: exit 2, one line, nothing written.
 printf 'not a safetensors file' >"$tmp/bad.safetensors"
 "$bin" certify --model "$tmp/bad.safetensors" --center zero --tokens 4 --radius 1 --json "$tmp/bad.json" 2>"$tmp/err.txt"
