@@ -23,6 +23,19 @@ for m in models/zoo/*-layer?.safetensors; do
         --time-limit "${LIPCERT_BENCH_T3:-20}" --quiet --json "$tmp/$(basename "$m" .safetensors)-zero-tokens-$r.json" >/dev/null
   done
 done
+# The same trained weights without the causal mask, where the closed forms apply
+# (scripts/unmask.py; needs a python with numpy: LIPCERT_PYTHON, default /usr/bin/python3).
+if "${LIPCERT_PYTHON:-/usr/bin/python3}" -c 'import numpy' 2>/dev/null; then
+  for m in models/zoo/*-layer0.safetensors; do
+    u="$tmp/$(basename "$m" .safetensors)-unmasked.safetensors"
+    "${LIPCERT_PYTHON:-/usr/bin/python3}" scripts/unmask.py "$m" "$u"
+    c=${m%.safetensors}-centres.safetensors:x0
+    run "$u" "$c" ball --relative-radius 0.001 "${LIPCERT_BENCH_T1:-10}"
+    run "$u" "$c" ball --relative-radius 0.01 "${LIPCERT_BENCH_T2:-60}"
+  done
+else
+  echo "bench-certify: no numpy; the unmasked rows are skipped" >&2
+fi
 python3 - "$tmp" > "$out" <<'PY'
 import glob, json, os, sys
 rows = []
