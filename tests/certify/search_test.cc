@@ -11,15 +11,11 @@
 
 #include "certify/witness_eval.h"
 #include "models/forward.h"
+#include "tests/common/random_layer.h"
+#include "tests/common/test_scale.h"
 
 namespace lipcert {
 namespace {
-
-int TestScale() {
-  const char* s = std::getenv("LIPCERT_TEST_SCALE");
-  const int v = s ? std::atoi(s) : 1;
-  return v > 0 ? v : 1;
-}
 
 // The true norm at x from the dense Jacobian.
 double TrueNorm(const AttentionLayer& L, const Eigen::MatrixXd& x, NormKind norm) {
@@ -28,42 +24,10 @@ double TrueNorm(const AttentionLayer& L, const Eigen::MatrixXd& x, NormKind norm
   return jac.cwiseAbs().rowwise().sum().maxCoeff();
 }
 
-AttentionLayer RandomLayer(AttentionKind kind, bool causal, bool bias, bool ln, int d, int heads,
-                           int dk, std::mt19937_64& rng, double wscale = 1.0) {
-  std::normal_distribution<double> nd(0, 1);
-  auto rnd = [&](int r, int c, double s) {
-    Eigen::MatrixXd m(r, c);
-    for (int i = 0; i < r; ++i)
-      for (int j = 0; j < c; ++j) m(i, j) = s * nd(rng);
-    return m;
-  };
-  AttentionLayer L;
-  L.kind = kind;
-  L.d_model = d;
-  L.heads = heads;
-  L.head_dim_qk = dk;
-  L.head_dim_v = dk;
-  L.causal = causal;
-  L.wq = rnd(heads * dk, d, wscale / std::sqrt(double(d)));
-  L.wk = kind == AttentionKind::kL2 ? L.wq : rnd(heads * dk, d, wscale / std::sqrt(double(d)));
-  L.wv = rnd(heads * dk, d, 1 / std::sqrt(double(d)));
-  L.wo = rnd(d, heads * dk, 1 / std::sqrt(double(heads * dk)));
-  if (bias) {
-    if (kind == AttentionKind::kDot) {
-      L.bq = rnd(heads * dk, 1, 0.3);
-      L.bk = rnd(heads * dk, 1, 0.3);
-    }
-    L.bv = rnd(heads * dk, 1, 0.3);
-    L.bo = rnd(d, 1, 0.3);
-  }
-  if (ln) {
-    LayerNormParams p;
-    p.gamma = (Eigen::VectorXd::Ones(d) + rnd(d, 1, 0.2)).eval();
-    p.beta = rnd(d, 1, 0.2);
-    L.layer_norm = p;
-  }
-  EXPECT_EQ(ValidateLayer(L), "");
-  return L;
+// d, heads and dk as given, Wq/Wk at wscale.
+AttentionLayer RandomLayer(AttentionKind kind, bool causal, bool bias, bool ln, int d, int heads, int dk,
+                           std::mt19937_64& rng, double wscale = 1.0) {
+  return testing::RandomLayer(testing::RandomLayerSpec{kind, causal, bias, ln, d, heads, dk, wscale}, rng);
 }
 
 // D = H = dk = 1 with unit value/output weights and query/key weight sqrt(a) (A = a).
@@ -129,7 +93,7 @@ class SearchInvariants : public ::testing::TestWithParam<Case> {};
 TEST_P(SearchInvariants, WitnessIsSoundAndBeatsCentre) {
   const Case c = GetParam();
   std::mt19937_64 rng(2024);
-  for (int rep = 0; rep < TestScale(); ++rep) {
+  for (int rep = 0; rep < testing::Count(1); ++rep) {
     const int n = 6 + rep % 2, d = 3;  // N*D > 16: the engine's iterative path
     const AttentionLayer L = RandomLayer(c.kind, c.causal, c.bias, c.ln, d, 2, 2, rng, 1.5);
     Eigen::MatrixXd centre = Eigen::MatrixXd::Random(n, d);

@@ -10,6 +10,7 @@
 
 #include "certify/input_set.h"
 #include "models/forward.h"
+#include "tests/common/test_scale.h"
 
 namespace lipcert {
 
@@ -20,12 +21,7 @@ struct ScalarToDouble<mpfr::mpreal> {
 
 namespace testing_util {
 
-// LIPCERT_TEST_SCALE multiplies property-test counts (default 1).
-inline double TestScale() {
-  const char* s = std::getenv("LIPCERT_TEST_SCALE");
-  const double v = s ? std::atof(s) : 1.0;
-  return v > 0 ? v : 1.0;
-}
+using ::lipcert::testing::TestScale;
 
 struct RandomLayerOptions {
   int max_tokens = 4;

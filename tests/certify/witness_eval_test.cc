@@ -10,6 +10,8 @@
 #include <unsupported/Eigen/MPRealSupport>
 
 #include "models/forward.h"
+#include "tests/common/random_layer.h"
+#include "tests/common/test_scale.h"
 
 namespace lipcert {
 
@@ -20,12 +22,6 @@ struct ScalarToDouble<mpfr::mpreal> {
 
 namespace {
 
-int TestScale() {
-  const char* s = std::getenv("LIPCERT_TEST_SCALE");
-  const int v = s ? std::atoi(s) : 1;
-  return v > 0 ? v : 1;
-}
-
 struct LayerSpec {
   const char* name;
   AttentionKind kind;
@@ -33,40 +29,7 @@ struct LayerSpec {
 };
 
 AttentionLayer RandomLayer(const LayerSpec& spec, int d, int heads, int dk, std::mt19937_64& rng) {
-  std::normal_distribution<double> nd(0, 1);
-  auto rnd = [&](int r, int c, double s) {
-    Eigen::MatrixXd m(r, c);
-    for (int i = 0; i < r; ++i)
-      for (int j = 0; j < c; ++j) m(i, j) = s * nd(rng);
-    return m;
-  };
-  AttentionLayer L;
-  L.kind = spec.kind;
-  L.d_model = d;
-  L.heads = heads;
-  L.head_dim_qk = dk;
-  L.head_dim_v = dk;
-  L.causal = spec.causal;
-  L.wq = rnd(heads * dk, d, 1 / std::sqrt(double(d)));
-  L.wk = spec.kind == AttentionKind::kL2 ? L.wq : rnd(heads * dk, d, 1 / std::sqrt(double(d)));
-  L.wv = rnd(heads * dk, d, 1 / std::sqrt(double(d)));
-  L.wo = rnd(d, heads * dk, 1 / std::sqrt(double(heads * dk)));
-  if (spec.bias) {
-    if (spec.kind == AttentionKind::kDot) {
-      L.bq = rnd(heads * dk, 1, 0.3);
-      L.bk = rnd(heads * dk, 1, 0.3);
-    }
-    L.bv = rnd(heads * dk, 1, 0.3);
-    L.bo = rnd(d, 1, 0.3);
-  }
-  if (spec.layer_norm) {
-    LayerNormParams ln;
-    ln.gamma = (Eigen::VectorXd::Ones(d) + rnd(d, 1, 0.2)).eval();
-    ln.beta = rnd(d, 1, 0.2);
-    L.layer_norm = ln;
-  }
-  EXPECT_EQ(ValidateLayer(L), "");
-  return L;
+  return testing::RandomLayer(testing::RandomLayerSpec{spec.kind, spec.causal, spec.bias, spec.layer_norm, d, heads, dk}, rng);
 }
 
 const LayerSpec kSpecs[] = {
@@ -105,7 +68,7 @@ TEST_P(WitnessEvalTest, BelowAndCloseToMpfr) {
   const LayerSpec spec = GetParam();
   std::mt19937_64 rng(42);
   std::normal_distribution<double> nd(0, 1);
-  const int reps = 4 * TestScale();
+  const int reps = int(testing::Count(4));
   for (int rep = 0; rep < reps; ++rep) {
     const int n = 2 + rep % 4, d = 4, heads = 2, dk = 2;
     const AttentionLayer L = RandomLayer(spec, d, heads, dk, rng);

@@ -11,19 +11,9 @@
 #include <limits>
 #include <random>
 
-namespace lipcert::testing {
+#include "tests/common/test_scale.h"
 
-inline double TestScale() {
-  const char* s = std::getenv("LIPCERT_TEST_SCALE");
-  if (!s) return 1.0;
-  const double v = std::atof(s);
-  return v > 0 ? v : 1.0;
-}
-// `base` scaled by LIPCERT_TEST_SCALE (at least 1).
-inline long Count(long base) {
-  const double c = static_cast<double>(base) * TestScale();
-  return c < 1 ? 1 : static_cast<long>(c);
-}
+namespace lipcert::testing {
 
 struct Prec {
   mpfr_prec_t bits;

@@ -55,7 +55,7 @@ class EngineTest : public ::testing::TestWithParam<Param> {
 };
 
 TEST_P(EngineTest, ForwardJvpVjpMatchReference) {
-  const int batch = 3 * testing::TestScale();
+  const int batch = int(testing::Count(3));
   auto eng = MakeJacobianEngine(layer_, kN, opts_);
   const std::vector<double> x = RandomPoints(batch, kN, kD, 1);
   const std::vector<double> dx = RandomPoints(batch, kN, kD, 2);
@@ -77,7 +77,7 @@ TEST_P(EngineTest, ForwardJvpVjpMatchReference) {
 }
 
 TEST_P(EngineTest, TopSingularMatchesDenseSvd) {
-  const int batch = 3 * testing::TestScale();
+  const int batch = int(testing::Count(3));
   opts_.rel_tol = f64() ? 1e-9 : 1e-6;
   auto eng = MakeJacobianEngine(layer_, kN, opts_);
   const std::vector<double> x = RandomPoints(batch, kN, kD, 4);

@@ -9,6 +9,8 @@
 
 #include "models/attention_layer.h"
 #include "models/forward.h"
+#include "tests/common/random_layer.h"
+#include "tests/common/test_scale.h"
 
 namespace lipcert::testing {
 
@@ -33,44 +35,11 @@ inline std::vector<LayerCase> AllLayerCases() {
   };
 }
 
-// Weights N(0,1)/sqrt(D) (like the torch baseline), biases N(0, 0.1^2), LayerNorm
-// gamma = 1 + N(0, 0.1^2), beta = N(0, 0.1^2).
+// Weights N(0,1)/sqrt(D) (like the torch baseline), dk = D / heads, biases N(0, 0.1^2),
+// LayerNorm gamma = 1 + N(0, 0.1^2), beta = N(0, 0.1^2).
 inline AttentionLayer RandomLayer(const LayerCase& c, int d, int heads, unsigned seed) {
   std::mt19937_64 rng(seed);
-  std::normal_distribution<double> nd(0.0, 1.0);
-  auto rnd = [&](int r, int k, double s) {
-    Eigen::MatrixXd m(r, k);
-    for (int i = 0; i < r; ++i)
-      for (int j = 0; j < k; ++j) m(i, j) = s * nd(rng);
-    return m;
-  };
-  AttentionLayer L;
-  L.kind = c.kind;
-  L.d_model = d;
-  L.heads = heads;
-  L.head_dim_qk = d / heads;
-  L.head_dim_v = d / heads;
-  L.causal = c.causal;
-  const double s = 1.0 / std::sqrt(double(d));
-  L.wq = rnd(d, d, s);
-  L.wk = c.kind == AttentionKind::kL2 ? L.wq : rnd(d, d, s);
-  L.wv = rnd(d, d, s);
-  L.wo = rnd(d, d, s);
-  if (c.biases) {
-    if (c.kind == AttentionKind::kDot) {
-      L.bq = rnd(d, 1, 0.1);
-      L.bk = rnd(d, 1, 0.1);
-    }
-    L.bv = rnd(d, 1, 0.1);
-    L.bo = rnd(d, 1, 0.1);
-  }
-  if (c.layer_norm) {
-    LayerNormParams ln;
-    ln.gamma = Eigen::VectorXd::Ones(d) + rnd(d, 1, 0.1);
-    ln.beta = rnd(d, 1, 0.1);
-    L.layer_norm = ln;
-  }
-  return L;
+  return RandomLayer(RandomLayerSpec{c.kind, c.causal, c.biases, c.layer_norm, d, heads, d / heads, 1.0, 0.1, 0.1}, rng);
 }
 
 // `batch` points N(0, scale^2), flattened (b, i, a).
@@ -95,10 +64,5 @@ inline void SetPoint(std::vector<double>& x, int b, const Eigen::MatrixXd& m) {
     for (int a = 0; a < d; ++a) x[size_t(b) * n * d + size_t(i) * d + a] = m(i, a);
 }
 
-inline int TestScale() {
-  const char* s = std::getenv("LIPCERT_TEST_SCALE");
-  const int v = s ? std::atoi(s) : 1;
-  return v < 1 ? 1 : v;
-}
 
 }  // namespace lipcert::testing

@@ -66,10 +66,4 @@ inline void ExpectInputError(const std::function<void()>& f, const std::string& 
   }
 }
 
-inline int TestScale() {
-  const char* s = std::getenv("LIPCERT_TEST_SCALE");
-  const int v = s ? std::atoi(s) : 1;
-  return v > 0 ? v : 1;
-}
-
 }  // namespace lipcert::testing
