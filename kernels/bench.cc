@@ -11,6 +11,8 @@
 #include <thread>
 #include <vector>
 
+#include "models/random_layer.h"
+
 namespace lipcert {
 namespace {
 
@@ -51,22 +53,7 @@ std::string RunEngineBench(const BenchOptions& o) {
   if (o.batch < 1) throw std::invalid_argument("bench.batch: must be at least 1");
   std::mt19937_64 rng(0);
   std::normal_distribution<double> nd(0.0, 1.0);
-  auto rnd = [&](int r, int c, double s) {
-    Eigen::MatrixXd m(r, c);
-    for (int i = 0; i < r; ++i)
-      for (int j = 0; j < c; ++j) m(i, j) = s * nd(rng);
-    return m;
-  };
-  AttentionLayer L;
-  L.kind = o.kind;
-  L.d_model = o.d;
-  L.heads = o.heads;
-  L.head_dim_qk = L.head_dim_v = o.d / o.heads;
-  const double s = 1 / std::sqrt(double(o.d));
-  L.wq = rnd(o.d, o.d, s);
-  L.wk = o.kind == AttentionKind::kL2 ? L.wq : rnd(o.d, o.d, s);
-  L.wv = rnd(o.d, o.d, s);
-  L.wo = rnd(o.d, o.d, s);
+  const AttentionLayer L = RandomAttentionLayer({o.kind, false, false, false, o.d, o.heads, o.d / o.heads}, rng);
   std::vector<double> x(size_t(o.batch) * o.n * o.d);
   for (double& v : x) v = nd(rng);
 

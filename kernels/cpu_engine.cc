@@ -35,11 +35,7 @@ template <class T>
 class CpuEngine final : public JacobianEngine {
  public:
   CpuEngine(const AttentionLayer& layer, int tokens, const EngineOptions& o)
-      : JacobianEngine(tokens, layer.d_model), L_(layer, tokens), opts_(o) {
-    dopts_.rel_tol = o.rel_tol;
-    dopts_.max_iters = o.max_iters;
-    dopts_.krylov_dim = o.krylov_dim;
-    dopts_.method = o.method;
+      : JacobianEngine(tokens, layer.d_model), L_(layer, tokens), opts_(o), dopts_(DriverOptionsOf(o)) {
     name_ = std::string("cpu-") + DTypeToString(o.dtype) + "-" +
             std::to_string(WorkerCount(o.threads, 1 << 20)) + "t";
   }

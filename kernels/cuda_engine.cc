@@ -19,11 +19,7 @@ namespace {
 class CudaEngine final : public JacobianEngine {
  public:
   CudaEngine(const AttentionLayer& layer, int tokens, const EngineOptions& o)
-      : JacobianEngine(tokens, layer.d_model), host_(layer, tokens), opts_(o) {
-    dopts_.rel_tol = o.rel_tol;
-    dopts_.max_iters = o.max_iters;
-    dopts_.krylov_dim = o.krylov_dim;
-    dopts_.method = o.method;
+      : JacobianEngine(tokens, layer.d_model), host_(layer, tokens), opts_(o), dopts_(DriverOptionsOf(o)) {
     io_a_ = dopts_.slots();
     io_b_ = io_a_ + 1;
     cuda::LayerDesc desc;

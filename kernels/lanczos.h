@@ -46,6 +46,15 @@ struct DriverOptions {
   int slots() const { return basis() + 2; }
 };
 
+inline DriverOptions DriverOptionsOf(const EngineOptions& o) {
+  DriverOptions d;
+  d.rel_tol = o.rel_tol;
+  d.max_iters = o.max_iters;
+  d.krylov_dim = o.krylov_dim;
+  d.method = o.method;
+  return d;
+}
+
 struct DriverResult {
   std::vector<int> iterations;            // J^T J products per point
   std::vector<unsigned char> converged;   // stopping rule met

@@ -27,7 +27,7 @@ double TrueNorm(const AttentionLayer& L, const Eigen::MatrixXd& x, NormKind norm
 // d, heads and dk as given, Wq/Wk at wscale.
 AttentionLayer RandomLayer(AttentionKind kind, bool causal, bool bias, bool ln, int d, int heads, int dk,
                            std::mt19937_64& rng, double wscale = 1.0) {
-  return testing::RandomLayer(testing::RandomLayerSpec{kind, causal, bias, ln, d, heads, dk, wscale}, rng);
+  return testing::RandomLayer(RandomLayerSpec{kind, causal, bias, ln, d, heads, dk, wscale}, rng);
 }
 
 // D = H = dk = 1 with unit value/output weights and query/key weight sqrt(a) (A = a).

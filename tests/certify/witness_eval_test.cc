@@ -29,7 +29,7 @@ struct LayerSpec {
 };
 
 AttentionLayer RandomLayer(const LayerSpec& spec, int d, int heads, int dk, std::mt19937_64& rng) {
-  return testing::RandomLayer(testing::RandomLayerSpec{spec.kind, spec.causal, spec.bias, spec.layer_norm, d, heads, dk}, rng);
+  return testing::RandomLayer(RandomLayerSpec{spec.kind, spec.causal, spec.bias, spec.layer_norm, d, heads, dk}, rng);
 }
 
 const LayerSpec kSpecs[] = {

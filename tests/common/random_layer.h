@@ -1,61 +1,16 @@
-// A random attention layer of a given structure, shared by the tests of every folder.
+// Random layers for the tests of every folder (models/random_layer.h), checked valid.
 #pragma once
 
 #include <gtest/gtest.h>
 
-#include <Eigen/Dense>
-#include <cmath>
 #include <random>
 
-#include "models/attention_layer.h"
+#include "models/random_layer.h"
 
 namespace lipcert::testing {
 
-struct RandomLayerSpec {
-  AttentionKind kind = AttentionKind::kDot;
-  bool causal = false;
-  bool biases = false;      // dot: all four; l2: bv and bo (its query and key are tied)
-  bool layer_norm = false;  // X + MHA(LN(X))
-  int d = 4, heads = 1, dk = 2;  // dk: query/key and value width per head
-  double qk_scale = 1.0;    // Wq, Wk ~ N(0, qk_scale^2 / d); Wv ~ N(0, 1/d); Wo ~ N(0, 1/(heads dk))
-  double bias_scale = 0.3;  // biases ~ N(0, bias_scale^2)
-  double ln_scale = 0.2;    // gamma = 1 + N(0, ln_scale^2), beta ~ N(0, ln_scale^2)
-};
-
-inline AttentionLayer RandomLayer(const RandomLayerSpec& s, std::mt19937_64& rng) {
-  std::normal_distribution<double> nd(0.0, 1.0);
-  auto rnd = [&](int r, int c, double scale) {
-    Eigen::MatrixXd m(r, c);
-    for (int i = 0; i < r; ++i)
-      for (int j = 0; j < c; ++j) m(i, j) = scale * nd(rng);
-    return m;
-  };
-  AttentionLayer L;
-  L.kind = s.kind;
-  L.d_model = s.d;
-  L.heads = s.heads;
-  L.head_dim_qk = s.dk;
-  L.head_dim_v = s.dk;
-  L.causal = s.causal;
-  const int hd = s.heads * s.dk;
-  L.wq = rnd(hd, s.d, s.qk_scale / std::sqrt(double(s.d)));
-  L.wk = s.kind == AttentionKind::kL2 ? L.wq : rnd(hd, s.d, s.qk_scale / std::sqrt(double(s.d)));
-  L.wv = rnd(hd, s.d, 1 / std::sqrt(double(s.d)));
-  L.wo = rnd(s.d, hd, 1 / std::sqrt(double(hd)));
-  if (s.biases) {
-    if (s.kind == AttentionKind::kDot) {
-      L.bq = rnd(hd, 1, s.bias_scale);
-      L.bk = rnd(hd, 1, s.bias_scale);
-    }
-    L.bv = rnd(hd, 1, s.bias_scale);
-    L.bo = rnd(s.d, 1, s.bias_scale);
-  }
-  if (s.layer_norm) {
-    LayerNormParams ln;
-    ln.gamma = (Eigen::VectorXd::Ones(s.d) + rnd(s.d, 1, s.ln_scale)).eval();
-    ln.beta = rnd(s.d, 1, s.ln_scale);
-    L.layer_norm = ln;
-  }
+inline AttentionLayer RandomLayer(const RandomLayerSpec& spec, std::mt19937_64& rng) {
+  AttentionLayer L = RandomAttentionLayer(spec, rng);
   EXPECT_EQ(ValidateLayer(L), "");
   return L;
 }

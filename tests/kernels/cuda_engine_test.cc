@@ -16,6 +16,9 @@ namespace lipcert {
 namespace {
 
 using testing::AllLayerCases;
+using testing::AllEngineCases;
+using testing::EngineCase;
+using testing::EngineCaseName;
 using testing::LayerCase;
 using testing::RandomLayer;
 using testing::RandomPoints;
@@ -33,23 +36,7 @@ double MaxAbs(const std::vector<double>& a) {
   return m;
 }
 
-struct Param {
-  LayerCase c;
-  DType dtype;
-};
-
-std::string ParamName(const ::testing::TestParamInfo<Param>& info) {
-  return info.param.c.name + "_" + DTypeToString(info.param.dtype);
-}
-
-std::vector<Param> AllParams() {
-  std::vector<Param> out;
-  for (const auto& c : AllLayerCases())
-    for (DType t : {DType::kF64, DType::kF32}) out.push_back({c, t});
-  return out;
-}
-
-class CudaEngineTest : public ::testing::TestWithParam<Param> {
+class CudaEngineTest : public ::testing::TestWithParam<EngineCase> {
  protected:
   void SetUp() override {
     if (!CudaAvailable()) GTEST_SKIP() << "CUDA engine not tested: " << CudaUnavailableReason();
@@ -133,7 +120,7 @@ TEST_P(CudaEngineTest, PowerIterationMatchesCpu) {
     EXPECT_NEAR(b.sigma[p], a.sigma[p], (f64() ? 1e-10 : 1e-4) * a.sigma[p]) << "point " << p;
 }
 
-INSTANTIATE_TEST_SUITE_P(AllKinds, CudaEngineTest, ::testing::ValuesIn(AllParams()), ParamName);
+INSTANTIATE_TEST_SUITE_P(AllKinds, CudaEngineTest, ::testing::ValuesIn(AllEngineCases()), EngineCaseName);
 
 }  // namespace
 }  // namespace lipcert

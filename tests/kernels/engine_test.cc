@@ -14,6 +14,9 @@ namespace lipcert {
 namespace {
 
 using testing::AllLayerCases;
+using testing::AllEngineCases;
+using testing::EngineCase;
+using testing::EngineCaseName;
 using testing::LayerCase;
 using testing::PointAt;
 using testing::RandomLayer;
@@ -23,23 +26,7 @@ constexpr int kN = 4, kD = 6, kH = 2;  // N*D = 24: dense SVD is cheap
 
 double MaxAbs(const Eigen::MatrixXd& m) { return m.cwiseAbs().maxCoeff(); }
 
-struct Param {
-  LayerCase c;
-  DType dtype;
-};
-
-std::string ParamName(const ::testing::TestParamInfo<Param>& info) {
-  return info.param.c.name + "_" + DTypeToString(info.param.dtype);
-}
-
-std::vector<Param> AllParams() {
-  std::vector<Param> out;
-  for (const auto& c : AllLayerCases())
-    for (DType t : {DType::kF64, DType::kF32}) out.push_back({c, t});
-  return out;
-}
-
-class EngineTest : public ::testing::TestWithParam<Param> {
+class EngineTest : public ::testing::TestWithParam<EngineCase> {
  protected:
   void SetUp() override {
     layer_ = RandomLayer(GetParam().c, kD, kH, 17);
@@ -169,7 +156,7 @@ TEST_P(EngineTest, ThreadsGiveTheSameResultAsOneThread) {
   EXPECT_EQ(one.iterations, three.iterations);
 }
 
-INSTANTIATE_TEST_SUITE_P(AllKinds, EngineTest, ::testing::ValuesIn(AllParams()), ParamName);
+INSTANTIATE_TEST_SUITE_P(AllKinds, EngineTest, ::testing::ValuesIn(AllEngineCases()), EngineCaseName);
 
 // ---- not parameterised ----
 

@@ -1,12 +1,16 @@
 // Random attention layers and points for the kernels tests (every layer kind).
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include <Eigen/Dense>
 #include <cstdlib>
+#include <ostream>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "kernels/engine.h"
 #include "models/attention_layer.h"
 #include "models/forward.h"
 #include "tests/common/random_layer.h"
@@ -34,6 +38,26 @@ inline std::vector<LayerCase> AllLayerCases() {
       {"layernorm_l2_causal", AttentionKind::kL2, true, false, true},
   };
 }
+
+// Every layer case in both precisions: the parameters of the engine suites (CPU and CUDA).
+struct EngineCase {
+  LayerCase c;
+  DType dtype;
+};
+
+inline std::vector<EngineCase> AllEngineCases() {
+  std::vector<EngineCase> out;
+  for (const auto& c : AllLayerCases())
+    for (DType t : {DType::kF64, DType::kF32}) out.push_back({c, t});
+  return out;
+}
+
+inline std::string EngineCaseName(const ::testing::TestParamInfo<EngineCase>& info) {
+  return info.param.c.name + "_" + DTypeToString(info.param.dtype);
+}
+
+// gtest prints a parameter with this instead of its bytes.
+inline void PrintTo(const EngineCase& e, std::ostream* os) { *os << e.c.name << "_" << DTypeToString(e.dtype); }
 
 // Weights N(0,1)/sqrt(D) (like the torch baseline), dk = D / heads, biases N(0, 0.1^2),
 // LayerNorm gamma = 1 + N(0, 0.1^2), beta = N(0, 0.1^2).
