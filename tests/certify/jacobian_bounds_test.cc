@@ -140,7 +140,9 @@ TEST(ClosedFormTest, LambertW0UpperIsTightAndAbove) {
   for (double x : {0.0, 1e-300, 1e-8, 0.5, 1.0, 2.718281828459045, 10.0, 1e3, 1e300}) {
     const double w = LambertW0Upper(x);
     EXPECT_GE(w * std::exp(w), x * (1 - 1e-15));  // W0(x) <= w
-    if (x > 0 && x < 1e300) EXPECT_LE(w, std::nextafter(w, 0.0) + 1e-12 * w + 1e-300);
+    if (x > 0 && x < 1e300) {
+      EXPECT_LE(w, std::nextafter(w, 0.0) + 1e-12 * w + 1e-300);
+    }
   }
   EXPECT_NEAR(LambertW0Upper(1.0), 0.5671432904097838, 1e-14);
 }

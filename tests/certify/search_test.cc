@@ -216,7 +216,9 @@ TEST(Search, L2AttentionInfNormReachesKimConstruction) {
     Eigen::MatrixXd x = Eigen::MatrixXd::Zero(n, 1);
     for (int i = 1; i < n; ++i) x(i, 0) = (i % 2 ? 1 : -1) * std::sqrt(y);
     const double construction = TrueNorm(L, x, NormKind::kLinf);
-    if (n % 2 == 1) EXPECT_NEAR(construction, 4 * w0 + (2 - y) / y, 1e-9);
+    if (n % 2 == 1) {
+      EXPECT_NEAR(construction, 4 * w0 + (2 - y) / y, 1e-9);
+    }
     const InputSet set = MakeSet(SetKind::kTokens, Eigen::MatrixXd::Zero(n, 1), 3.0);
     SearchOptions o = QuickOptions(NormKind::kLinf, 5.0);
     const SearchResult r = SearchLowerBound(L, set, o);

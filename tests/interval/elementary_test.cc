@@ -71,7 +71,9 @@ TEST(ElementaryContainmentTest, ExpContainsMpfr) {
       ASSERT_TRUE(testing::BelowOrEqual(l, lo)) << ExpBackendName(b) << " ExpLower(" << x << ") = " << l;
       ASSERT_GE(l, 0.0);
       // Width: at most 5 ulps of the result (2 each side for the fast back end).
-      if (std::isfinite(u) && l > 0x1p-1000) ASSERT_LE(u, NextUp(NextUp(NextUp(NextUp(NextUp(l)))))) << x;
+      if (std::isfinite(u) && l > 0x1p-1000) {
+        ASSERT_LE(u, NextUp(NextUp(NextUp(NextUp(NextUp(l)))))) << x;
+      }
     }
   }
 }

@@ -130,7 +130,9 @@ TEST(NormsTest, LambdaMaxOfIndefiniteSymmetricEnclosure) {
       if (!b.Contains(m)) continue;
       ASSERT_GE(mpreal(up.value()), ExactLambdaMax(m));
     }
-    if (r == 0) ASSERT_LE(mpreal(up.value()), ExactLambdaMax(s) + 1e-12 * (1 + s.norm()));
+    if (r == 0) {
+      ASSERT_LE(mpreal(up.value()), ExactLambdaMax(s) + 1e-12 * (1 + s.norm()));
+    }
   }
 }
 

@@ -73,7 +73,9 @@ TEST_P(CheckpointTest, LoadsWithTheRightShapes) {
     EXPECT_EQ(L.head_dim_v, e.dv);
     EXPECT_EQ(L.causal, e.causal);
     EXPECT_EQ(L.layer_norm.has_value(), e.ln_eps > 0);
-    if (L.layer_norm) EXPECT_EQ(L.layer_norm->eps, e.ln_eps);
+    if (L.layer_norm) {
+      EXPECT_EQ(L.layer_norm->eps, e.ln_eps);
+    }
     EXPECT_EQ(Biases(L), e.biases);
     EXPECT_EQ(ValidateLayer(L), "");
     EXPECT_GT(L.wq.norm(), 0.0);

@@ -60,7 +60,10 @@ TEST_P(ZooTest, MatchesTorch) {
   const SafetensorsFile expected = ReadSafetensors(expected_file);
   double worst_forward = 0;
   for (int c = 0; c < 4; ++c) {
-    const std::string xc = "x" + std::to_string(c), yc = "y" + std::to_string(c);
+    // (append, not "x" + to_string: GCC 12 warns -Wrestrict on that form, a false positive)
+    std::string xc = "x", yc = "y";
+    xc += std::to_string(c);
+    yc += std::to_string(c);
     const Eigen::MatrixXd x = Get(centres, centres_file, xc);
     EXPECT_EQ(x.rows(), 32);
     const double rel = RelDiff(Forward(L, x), Get(expected, expected_file, yc));
