@@ -83,7 +83,13 @@ std::string Summary(const Certificate& c) {
   os << "  certified upper " << c.upper_bound.value() << "   witnessed lower " << c.lower_bound.value()
      << "   gap " << c.gap() << "   [" << CertificateStatusToString(c.status) << ", " << c.elapsed_s << " s]\n";
   os << "  engines:";
-  for (const EngineResult& e : c.engines) os << " " << e.name << "=" << e.upper.value();
+  for (const EngineResult& e : c.engines) {
+    os << " " << e.name << "=";
+    if (std::isinf(e.upper.value()) && !e.note.empty())
+      os << "n/a (" << e.note << ")";  // the engine did not apply
+    else
+      os << e.upper.value();
+  }
   os << "\n";
   if (c.invertibility)
     os << "  residual Lip(g) <= " << c.invertibility->lip_g_upper.value()

@@ -28,6 +28,9 @@ assert c["status"] != "in_progress"
 PY
 check "certificate fields and lower <= upper" "[ $? -eq 0 ]"
 check "witness written" "[ -s '$tmp/w.safetensors' ]"
+"$bin" certify --model "$src/models/zoo/dot-layer0.safetensors" --center zero --tokens 4 --set box \
+  --radius 0.1 --norm inf --time-limit 2 --quiet >"$tmp/inf.txt"
+check "a refused engine reads n/a with its reason" "grep -q 'centred=n/a (norm 2 only)' '$tmp/inf.txt'"
 "$bin" inspect "$src/models/zoo/l2-layer1.safetensors" --json >"$tmp/inspect.json"
 check "inspect --json" "python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d[\"layers\"][0][\"kind\"]==\"l2\"' '$tmp/inspect.json'"
 
