@@ -51,7 +51,7 @@ nlohmann::json ToJson(const Certificate& c) {
   nlohmann::json engines = nlohmann::json::object(), details = nlohmann::json::array();
   for (const EngineResult& e : c.engines) {
     engines[e.name] = Num(e.upper.value());
-    details.push_back({{"name", e.name}, {"upper_bound", Num(e.upper.value())}, {"seconds", e.seconds}, {"note", e.note}});
+    details.push_back({{"name", e.name}, {"upper_bound", Num(e.upper.value())}, {"seconds", e.seconds}, {"applied", e.applied}, {"note", e.note}});
   }
   j["engines"] = engines;
   j["engine_details"] = details;
@@ -85,8 +85,8 @@ std::string Summary(const Certificate& c) {
   os << "  engines:";
   for (const EngineResult& e : c.engines) {
     os << " " << e.name << "=";
-    if (std::isinf(e.upper.value()) && !e.note.empty())
-      os << "n/a (" << e.note << ")";  // the engine did not apply
+    if (!e.applied)
+      os << "n/a (" << e.note << ")";
     else
       os << e.upper.value();
   }

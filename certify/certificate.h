@@ -33,6 +33,7 @@ struct EngineResult {
   UpperBound upper{kInf};     // certified (+inf when the engine does not apply)
   double seconds = 0;
   std::string note;           // why it did not apply, or pieces explored
+  bool applied = true;        // false: refused (norm, size), `note` says why
 };
 
 // For the sublayer X + g(X): certified invertible on the set when Lip(g) < 1.

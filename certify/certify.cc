@@ -104,7 +104,7 @@ Certificate Certify(const AttentionLayer& L, const InputSet& set, const CertifyO
     Progress(o, "centred", c, Since(start));
   } else {
     c.engines.push_back({"centred", UpperBound(kInf), 0,
-                         o.norm != NormKind::kL2 ? "norm 2 only" : "N*D above dense_limit"});
+                         o.norm != NormKind::kL2 ? "norm 2 only" : "N*D above dense_limit", false});
   }
   if (o.on_improvement) o.on_improvement(c);
 

@@ -29,8 +29,9 @@ PY
 check "certificate fields and lower <= upper" "[ $? -eq 0 ]"
 check "witness written" "[ -s '$tmp/w.safetensors' ]"
 "$bin" certify --model "$src/models/zoo/dot-layer0.safetensors" --center zero --tokens 4 --set box \
-  --radius 0.1 --norm inf --time-limit 2 --quiet >"$tmp/inf.txt"
+  --radius 0.1 --norm inf --time-limit 2 --quiet --json "$tmp/inf.json" >"$tmp/inf.txt"
 check "a refused engine reads n/a with its reason" "grep -q 'centred=n/a (norm 2 only)' '$tmp/inf.txt'"
+check "and is marked not applied in the certificate" "python3 -c 'import json,sys; d={e[\"name\"]: e for e in json.load(open(sys.argv[1]))[\"engine_details\"]}; assert d[\"centred\"][\"applied\"] is False and d[\"block_norm\"][\"applied\"] is True' '$tmp/inf.json'"
 "$bin" inspect "$src/models/zoo/l2-layer1.safetensors" --json >"$tmp/inspect.json"
 check "inspect --json" "python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d[\"layers\"][0][\"kind\"]==\"l2\"' '$tmp/inspect.json'"
 

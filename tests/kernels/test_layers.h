@@ -88,5 +88,4 @@ inline void SetPoint(std::vector<double>& x, int b, const Eigen::MatrixXd& m) {
     for (int a = 0; a < d; ++a) x[size_t(b) * n * d + size_t(i) * d + a] = m(i, a);
 }
 
-
 }  // namespace lipcert::testing
