@@ -36,7 +36,11 @@ def main():
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     f = base.make_forward(*base.load_layer(a.layer))
-    x0 = torch.from_numpy(st.load(a.centres)[0][a.centre].astype("float64"))
+    centres = st.load(a.centres)[0]
+    if a.centre not in centres:
+        print(f"{a.centres}: centre: no tensor named {a.centre!r} (have {', '.join(sorted(centres))})", file=sys.stderr)
+        sys.exit(2)
+    x0 = torch.from_numpy(centres[a.centre].astype("float64"))
     n, d = x0.shape
     r = a.relative_radius * x0.norm().item()
 

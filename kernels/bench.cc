@@ -3,7 +3,6 @@
 #include <Eigen/Dense>
 #include <algorithm>
 #include <chrono>
-#include <cmath>
 #include <cstdio>
 #include <random>
 #include <sstream>

@@ -5,7 +5,6 @@
 #include <mpreal.h>
 #include <unsupported/Eigen/MPRealSupport>
 
-#include <cstdlib>
 #include <random>
 
 #include "certify/input_set.h"

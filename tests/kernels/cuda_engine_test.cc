@@ -15,11 +15,9 @@
 namespace lipcert {
 namespace {
 
-using testing::AllLayerCases;
 using testing::AllEngineCases;
 using testing::EngineCase;
 using testing::EngineCaseName;
-using testing::LayerCase;
 using testing::RandomLayer;
 using testing::RandomPoints;
 

@@ -17,7 +17,6 @@ using testing::AllLayerCases;
 using testing::AllEngineCases;
 using testing::EngineCase;
 using testing::EngineCaseName;
-using testing::LayerCase;
 using testing::PointAt;
 using testing::RandomLayer;
 using testing::RandomPoints;

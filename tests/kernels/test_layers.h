@@ -4,7 +4,6 @@
 #include <gtest/gtest.h>
 
 #include <Eigen/Dense>
-#include <cstdlib>
 #include <ostream>
 #include <random>
 #include <string>
