@@ -25,6 +25,8 @@ struct Piece {
 TokenCover CoverOfPiece(const InputSet& set, const Eigen::MatrixXd& lo, const Eigen::MatrixXd& hi) {
   const TokenCover whole = CoverOf(set);
   TokenCover c = whole;
+  // ||X - C||_F^2 <= ||X - X0||_F^2 + sum of the re-centred tokens' radii^2.
+  double moved2 = 0;
   for (Eigen::Index i = 0; i < lo.rows(); ++i) {
     double s = 0;
     Eigen::RowVectorXd mid(lo.cols());
@@ -37,8 +39,10 @@ TokenCover CoverOfPiece(const InputSet& set, const Eigen::MatrixXd& lo, const Ei
     if (r < whole.radius(i)) {
       c.center.row(i) = mid;
       c.radius(i) = r;
+      moved2 = AddUp(moved2, MulUp(r, r));
     }
   }
+  c.frobenius = SqrtUp(AddUp(MulUp(whole.frobenius, whole.frobenius), moved2));
   return c;
 }
 

@@ -227,11 +227,12 @@ double MeanDistanceUp(const Eigen::MatrixXd& p_hi, const Eigen::MatrixXd& d, int
   return SimplexWeightedSumUp(p_hi.row(i).transpose(), d.row(j).transpose(), len);
 }
 
-FactorBounds Bounds(const HeadGeometry& G, const Eigen::VectorXd& rho, bool causal) {
+// Logit enclosures [lo, hi] of head G when token j moves by at most rho_j (rho = 0: the
+// centre's logits). Dot rows are shifted by c.dz_i, which leaves each softmax row unchanged.
+void LogitBox(const HeadGeometry& G, const Eigen::VectorXd& rho, Eigen::MatrixXd* lo, Eigen::MatrixXd* hi) {
   const int n = int(rho.size());
-  FactorBounds F;
-  // Logit box.
-  Eigen::MatrixXd lo(n, n), hi(n, n);
+  lo->resize(n, n);
+  hi->resize(n, n);
   if (G.dot) {
     // s_ij - c.dz_i - s0_ij = g_i . dz_j + (b_j - c) . dz_i + dz_i^T (Wq^T Wk / sqrt dk) dz_j,
     // and s_ij - c.dz_i has the same softmax row as s_ij.
@@ -242,8 +243,8 @@ FactorBounds Bounds(const HeadGeometry& G, const Eigen::VectorXd& rho, bool caus
         const double delta = AddUp(AddUp(MulUp(gi, rho(j)), MulUp(bj, rho(i))),
                                    MulUp(G.c_logit, MulUp(rho(i), rho(j))));
         const Interval s0 = G.logits(i, j);
-        lo(i, j) = SubDown(s0.lo, delta);
-        hi(i, j) = AddUp(s0.hi, delta);
+        (*lo)(i, j) = SubDown(s0.lo, delta);
+        (*hi)(i, j) = AddUp(s0.hi, delta);
       }
     }
   } else {
@@ -253,19 +254,139 @@ FactorBounds Bounds(const HeadGeometry& G, const Eigen::VectorXd& rho, bool caus
         const double eta = MulUp(G.c_logit, AddUp(rho(i), rho(j)));
         const double dmax = AddUp(G.dq_hi(i, j), eta);
         const double dmin = std::max(0.0, SubDown(G.dq_lo(i, j), eta));
-        lo(i, j) = -MulUp(MulUp(dmax, dmax), G.inv_sqrt_dk.hi);
-        hi(i, j) = -MulDown(MulDown(dmin, dmin), G.inv_sqrt_dk.lo);
+        (*lo)(i, j) = -MulUp(MulUp(dmax, dmax), G.inv_sqrt_dk.hi);
+        (*hi)(i, j) = -MulDown(MulDown(dmin, dmin), G.inv_sqrt_dk.lo);
       }
   }
-  F.p_lo = Eigen::MatrixXd::Zero(n, n);
-  F.p_hi = Eigen::MatrixXd::Zero(n, n);
+}
+
+// Row-wise softmax ranges of a logit box (0 where masked).
+void SoftmaxRows(const Eigen::MatrixXd& lo, const Eigen::MatrixXd& hi, bool causal, Eigen::MatrixXd* p_lo,
+                 Eigen::MatrixXd* p_hi) {
+  const int n = int(lo.rows());
+  *p_lo = Eigen::MatrixXd::Zero(n, n);
+  *p_hi = Eigen::MatrixXd::Zero(n, n);
   for (int i = 0; i < n; ++i) {
     const int len = causal ? i + 1 : n;
     const ProbabilityBounds pb = SoftmaxRange(lo.row(i).transpose(), hi.row(i).transpose(), len,
                                               DefaultExpBackend());
-    F.p_lo.row(i) = pb.lo.transpose();
-    F.p_hi.row(i) = pb.hi.transpose();
+    p_lo->row(i) = pb.lo.transpose();
+    p_hi->row(i) = pb.hi.transpose();
   }
+}
+
+// Upper bounds on ||a_j - b_i||_2 over the enclosures (out(i, j); a and b have as many columns).
+Eigen::MatrixXd RowDistanceL2Up(const IntervalMatrix& a, const IntervalMatrix& b) {
+  const Eigen::Index n = b.rows(), m = a.rows(), d = a.cols();
+  Eigen::MatrixXd out(n, m);
+  for (Eigen::Index i = 0; i < n; ++i)
+    for (Eigen::Index j = 0; j < m; ++j) {
+      double s = 0;
+      for (Eigen::Index c = 0; c < d; ++c) {
+        const double diff = std::max(SubUp(a.mid(j, c), b.mid(i, c)), SubUp(b.mid(i, c), a.mid(j, c)));
+        const double e = AddUp(diff, AddUp(a.rad(j, c), b.rad(i, c)));
+        s = AddUp(s, MulUp(e, e));
+      }
+      out(i, j) = SqrtUp(s);
+    }
+  return out;
+}
+
+// Tangent-plane softmax ranges for an input that moves by at most `joint` in Frobenius norm
+// in all (docs/engines.md, "Tangent-plane probability ranges"). With l_k = s_ik - s0_ik and
+// P0 the centre's row, log-sum-exp's convexity gives
+//     log P_ij - log P0_ij = L_ij - B_i,   L_ij = l_j - sum_k P0_ik l_k,   0 <= B_i <= range(l)^2 / 8,
+// and L_ij is a linear form C_ij . dZ (||C_ij||_F bounded here) plus a quadratic rest.
+// Intersects F's ranges with P0 exp(-L - B) <= P <= P0 exp(L).
+void TightenByTangent(const HeadGeometry& G, const Eigen::VectorXd& rho, double joint, bool causal,
+                      const Eigen::MatrixXd& lo, const Eigen::MatrixXd& hi, FactorBounds* F) {
+  const int n = int(rho.size());
+  Eigen::MatrixXd s0_lo, s0_hi, p0_lo, p0_hi;
+  LogitBox(G, Eigen::VectorXd::Zero(n), &s0_lo, &s0_hi);
+  SoftmaxRows(s0_lo, s0_hi, causal, &p0_lo, &p0_hi);
+  const IntervalMatrix p0 = IntervalMatrix::FromBounds(p0_lo, p0_hi);
+  // dot: row i of C is g_i (1[i=j] - P0_ii) + b_j - bbar_i, row t != i is g_i (1[t=j] - P0_it).
+  // l2:  with h_t = -2 (g_i - g_t): row i is 2 (g_j - gbar_i), row t != i is P0_it h_t - 1[t=j] h_j.
+  const IntervalMatrix& v = G.dot ? G.b : G.g;
+  const IntervalMatrix vbar = Mul(p0, v);
+  const Eigen::MatrixXd to_mean = RowDistanceL2Up(v, vbar);  // ||v_j - vbar_i||
+  Eigen::MatrixXd dg;
+  IntervalMatrix gb, gbbar;  // dot: g_i . b_j and g_i . bbar_k, for ||c g_i + b_j - bbar_i||^2
+  if (G.dot) {
+    gb = Mul(G.g, G.b.transpose());
+    gbbar = Mul(G.g, vbar.transpose());
+  } else {
+    dg = PairDistanceUp(G.g, NormKind::kL2, false);
+  }
+  for (int i = 0; i < n; ++i) {
+    const int len = causal ? i + 1 : n;
+    const double rho_max = rho.head(len).maxCoeff();
+    // range of l_i. over k < len (shift-invariant, so the dot box's shift is harmless).
+    double top = -kInf, bottom = kInf;
+    for (int k = 0; k < len; ++k) {
+      top = std::max(top, SubUp(hi(i, k), s0_lo(i, k)));
+      bottom = std::min(bottom, SubDown(lo(i, k), s0_hi(i, k)));
+    }
+    const double range = SubUp(top, bottom);
+    const double bregman = MulUp(0.125, MulUp(range, range));
+    double gn = 0, sum2 = 0;  // dot: ||g_i||; sum_t (P0_it |h_t|)^2 terms (dot: sum_t P0_it^2)
+    Interval gg(0.0);         // dot: ||g_i||^2
+    if (G.dot) {
+      gn = NormUpOfMagnitudes(RowMagnitude(G.g, i), NormKind::kL2, false);
+      for (Eigen::Index a = 0; a < G.g.cols(); ++a) gg += Sqr(G.g(i, a));
+    }
+    auto weight = [&](int t) { return G.dot ? 1.0 : MulUp(2.0, dg(i, t)); };  // |h_t| (dot: 1)
+    for (int t = 0; t < len; ++t) {
+      const double x = MulUp(p0_hi(i, t), weight(t));
+      sum2 = AddUp(sum2, MulUp(x, x));
+    }
+    for (int j = 0; j < len; ++j) {
+      // sum over rows t != i of |row t|^2 / (dot: ||g_i||^2).
+      double others = sum2;
+      // (removing at most the included t = i and t = j terms keeps an upper bound)
+      const double xi = MulDown(p0_hi(i, i), weight(i));
+      others = SubUp(others, MulDown(xi, xi));
+      if (j != i) {
+        const double xj = MulDown(p0_hi(i, j), weight(j));
+        const double yj = MulUp(SubUp(1.0, p0_lo(i, j)), weight(j));
+        others = AddUp(SubUp(others, MulDown(xj, xj)), MulUp(yj, yj));
+      }
+      others = std::max(others, 0.0);
+      double row_i, quad_up, quad_down;
+      if (G.dot) {
+        // ||c g_i + w||, w = b_j - bbar_i, c = 1[i=j] - P0_ii: by the triangle inequality, and
+        // expanded as c^2 ||g_i||^2 + 2 c g_i.w + ||w||^2.
+        const Interval c = Interval(i == j ? 1.0 : 0.0) - p0(i, i);
+        row_i = AddUp(MulUp(c.Mag(), gn), to_mean(i, j));
+        const Interval cross = Sqr(c) * gg + Interval(2.0) * c * (gb(i, j) - gbbar(i, i));
+        const double expanded = AddUp(cross.hi, MulUp(to_mean(i, j), to_mean(i, j)));
+        row_i = std::min(row_i, SqrtUp(std::max(expanded, 0.0)));
+        others = MulUp(MulUp(gn, gn), others);
+        quad_up = quad_down = MulUp(G.c_logit, MulUp(rho(i), AddUp(rho(j), rho_max)));
+      } else {
+        row_i = MulUp(2.0, to_mean(i, j));
+        const double e_up = MulUp(G.c_logit, AddUp(rho(i), rho_max));
+        const double e_down = MulUp(G.c_logit, AddUp(rho(i), rho(j)));
+        quad_up = MulUp(MulUp(e_up, e_up), G.inv_sqrt_dk.hi);
+        quad_down = MulUp(MulUp(e_down, e_down), G.inv_sqrt_dk.hi);
+      }
+      const double c_norm = SqrtUp(AddUp(MulUp(row_i, row_i), others));
+      const double lin = MulUp(joint, c_norm);
+      const double up = AddUp(lin, quad_up);
+      const double down = AddUp(AddUp(lin, quad_down), bregman);
+      F->p_hi(i, j) = std::min(F->p_hi(i, j), MulUp(p0_hi(i, j), ExpUpper(up)));
+      F->p_lo(i, j) = std::max(F->p_lo(i, j), MulDown(p0_lo(i, j), ExpLower(-down)));
+    }
+  }
+}
+
+FactorBounds Bounds(const HeadGeometry& G, const Eigen::VectorXd& rho, double joint, bool causal) {
+  const int n = int(rho.size());
+  FactorBounds F;
+  Eigen::MatrixXd lo, hi;
+  LogitBox(G, rho, &lo, &hi);
+  SoftmaxRows(lo, hi, causal, &F.p_lo, &F.p_hi);
+  if (rho.maxCoeff() > 0 && std::isfinite(joint)) TightenByTangent(G, rho, joint, causal, lo, hi, &F);
   // Distances over the cover.
   F.a_sup.resize(n, n);
   F.g_sup.resize(n, n);
@@ -305,6 +426,7 @@ FactorBounds Bounds(const HeadGeometry& G, const Eigen::VectorXd& rho, bool caus
 struct MhaInput {
   Eigen::MatrixXd zc;            // centre of the z-cover (exact doubles)
   Eigen::VectorXd rho_z;         // ||z_j - zc_j||_2 <= rho_z_j over the set
+  double joint_z = kInf;         // ||Z - Zc||_F <= joint_z over the set
   Eigen::VectorXd ell;           // sup ||J_LN(x_j)||_p over the set (1 without LayerNorm)
   Eigen::VectorXd delta_ln;      // sup ||J_LN(x_j) - J_LN(x0_j)||_2 (0 without LayerNorm)
   std::vector<IntervalMatrix> ln_jac;  // J_LN(x0_j) enclosures (with LayerNorm)
@@ -319,6 +441,7 @@ MhaInput MhaInputOver(const AttentionLayer& L, const TokenCover& cover, NormKind
   if (!L.layer_norm) {
     m.zc = cover.center;
     m.rho_z = cover.radius;
+    m.joint_z = JointRadiusUp(cover);
     return m;
   }
   m.residual = true;
@@ -328,6 +451,8 @@ MhaInput MhaInputOver(const AttentionLayer& L, const TokenCover& cover, NormKind
   const double sqrt_d_lo = SqrtDown(double(d));
   m.zc.resize(n, d);
   m.rho_z.resize(n);
+  // ||z_j - zc_j|| <= ell_j ||x_j - x0_j|| + err_j, so ||Z - Zc||_F <= max_j ell_j ||X - X0||_F + ||err||.
+  double ell_joint = 0, err_joint2 = 0;
   for (int j = 0; j < n; ++j) {
     const LayerNormRowEnclosure r = EncloseLayerNormRow(ln, cover.center.row(j));
     const std::vector<Interval>& c = r.centred;
@@ -358,6 +483,8 @@ MhaInput MhaInputOver(const AttentionLayer& L, const TokenCover& cover, NormKind
       err2 = AddUp(err2, MulUp(e, e));
     }
     m.rho_z(j) = AddUp(MulUp(ell2, rho), SqrtUp(err2));
+    ell_joint = std::max(ell_joint, ell2);
+    err_joint2 = AddUp(err_joint2, err2);
     // ||J_LN(x) - J_LN(x0)||_2 <= max|gamma| [(1/sigma_lo - 1/sigma_hi) + 2 rho / (sigma_lo^2 sqrt(D))].
     const double t1 = SubUp(DivUp(1.0, sigma_lo), DivDown(1.0, sigma_hi));
     const double t2 = DivUp(MulUp(2.0, rho), MulDown(MulDown(sigma_lo, sigma_lo), sqrt_d_lo));
@@ -376,6 +503,7 @@ MhaInput MhaInputOver(const AttentionLayer& L, const TokenCover& cover, NormKind
       }
     m.ln_jac.push_back(IntervalMatrix::FromBounds(lo, hi));
   }
+  m.joint_z = AddUp(MulUp(ell_joint, JointRadiusUp(cover)), SqrtUp(err_joint2));
   return m;
 }
 
@@ -466,13 +594,26 @@ IntervalMatrix ComposeWithLayerNorm(const IntervalMatrix& jm, const std::vector<
 TokenCover MhaInputCover(const AttentionLayer& layer, const TokenCover& cover, double* ell_max) {
   const MhaInput in = MhaInputOver(layer, cover, NormKind::kL2);
   if (ell_max) *ell_max = in.ell.maxCoeff();
-  return TokenCover{in.zc, in.rho_z};
+  return TokenCover{in.zc, in.rho_z, in.joint_z};
+}
+
+ProbabilityRanges AttentionProbabilityRanges(const AttentionLayer& layer, const TokenCover& cover, int head) {
+  const MhaInput in = MhaInputOver(layer, cover, NormKind::kL2);
+  const FactorBounds f = Bounds(Geometry(layer, head, in.zc, NormKind::kL2), in.rho_z, in.joint_z, layer.causal);
+  return ProbabilityRanges{f.p_lo, f.p_hi};
+}
+
+double JointRadiusUp(const TokenCover& cover) {
+  double s = 0;
+  for (Eigen::Index i = 0; i < cover.radius.size(); ++i) s = AddUp(s, MulUp(cover.radius(i), cover.radius(i)));
+  return std::min(cover.frobenius, SqrtUp(s));
 }
 
 TokenCover CoverOf(const InputSet& set) {
   TokenCover c;
   c.center = set.center;
   c.radius = Eigen::VectorXd::Constant(set.tokens(), set.TokenRadius());
+  c.frobenius = set.FrobeniusRadius();
   return c;
 }
 
@@ -492,7 +633,7 @@ UpperBound BlockNormUpperBound(const AttentionLayer& L, const TokenCover& cover,
   std::vector<FactorBounds> fb(L.heads);
   kernels_internal::ParallelFor(L.heads, kernels_internal::WorkerCount(0, L.heads), [&](int h, int) {
     geo[h] = Geometry(L, h, in.zc, p);
-    fb[h] = Bounds(geo[h], in.rho_z, L.causal);
+    fb[h] = Bounds(geo[h], in.rho_z, in.joint_z, L.causal);
   });
   for (int h = 0; h < L.heads; ++h) {
     const HeadGeometry& G = geo[h];
@@ -564,8 +705,8 @@ UpperBound CentredUpperBound(const AttentionLayer& L, const TokenCover& cover, c
   for (int h = 0; h < L.heads; ++h) {
     geo.push_back(Geometry(L, h, in.zc, p));
     const HeadGeometry& G = geo.back();
-    const FactorBounds F = Bounds(G, in.rho_z, L.causal);
-    centre.push_back(Bounds(G, zero, L.causal));
+    const FactorBounds F = Bounds(G, in.rho_z, in.joint_z, L.causal);
+    centre.push_back(Bounds(G, zero, 0.0, L.causal));
     const FactorBounds& F0 = centre.back();
     // w_ij >= |P_ij(X) - P_ij(X0)|.
     Eigen::MatrixXd w(n, n);

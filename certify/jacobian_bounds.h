@@ -20,6 +20,7 @@
 #pragma once
 
 #include <Eigen/Dense>
+#include <limits>
 
 #include "certify/input_set.h"
 #include "interval/rounding.h"
@@ -32,7 +33,13 @@ namespace lipcert {
 struct TokenCover {
   Eigen::MatrixXd center;  // (N, D)
   Eigen::VectorXd radius;  // (N), >= 0
+  // ||X - center||_F <= frobenius over the set as well (a ball's radius couples the
+  // tokens); infinity when only the per-token radii are known.
+  double frobenius = std::numeric_limits<double>::infinity();
 };
+
+// Upper bound on ||X - center||_F over the cover: the smaller of `frobenius` and ||radius||_2.
+double JointRadiusUp(const TokenCover& cover);
 
 TokenCover CoverOf(const InputSet& set);
 
@@ -48,6 +55,13 @@ struct BoundOptions {
   // certify invertibility. No effect on a layer without LayerNorm.
   bool exclude_residual = false;
 };
+
+// Certified ranges lo <= P_ij(X) <= hi of head h's attention probabilities over the cover,
+// as both engines use them (0 where masked).
+struct ProbabilityRanges {
+  Eigen::MatrixXd lo, hi;  // (N, N)
+};
+ProbabilityRanges AttentionProbabilityRanges(const AttentionLayer& layer, const TokenCover& cover, int head);
 
 // Certified: sup over the cover of ||J(X)||_p <= result.
 UpperBound BlockNormUpperBound(const AttentionLayer& layer, const TokenCover& cover,
