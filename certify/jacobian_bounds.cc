@@ -292,8 +292,8 @@ Eigen::MatrixXd RowDistanceL2Up(const IntervalMatrix& a, const IntervalMatrix& b
   return out;
 }
 
-// Tangent-plane softmax ranges for an input that moves by at most `joint` in Frobenius norm
-// in all (docs/engines.md, "Tangent-plane probability ranges"). With l_k = s_ik - s0_ik and
+// Tangent-plane softmax ranges when token t moves by at most rho_t and the input by at most
+// `joint` in Frobenius norm in all (docs/engines.md, "Tangent-plane probability ranges"). With l_k = s_ik - s0_ik and
 // P0 the centre's row, log-sum-exp's convexity gives
 //     log P_ij - log P0_ij = L_ij - B_i,   L_ij = l_j - sum_k P0_ik l_k,   0 <= B_i <= range(l)^2 / 8,
 // and L_ij is a linear form C_ij . dZ (||C_ij||_F bounded here) plus a quadratic rest.
@@ -329,7 +329,10 @@ void TightenByTangent(const HeadGeometry& G, const Eigen::VectorXd& rho, double 
     }
     const double range = SubUp(top, bottom);
     const double bregman = MulUp(0.125, MulUp(range, range));
-    double gn = 0, sum2 = 0;  // dot: ||g_i||; sum_t (P0_it |h_t|)^2 terms (dot: sum_t P0_it^2)
+    // Rows t != i of C have norm |1[t=j] - P0_it| |h_t| (dot: |h_t| = ||g_i||, factored out):
+    // sum1 = sum_t P0_it |h_t| rho_t and sum2 = sum_t (P0_it |h_t|)^2 over all t, from which the
+    // t = i and t = j terms are replaced below.
+    double gn = 0, sum1 = 0, sum2 = 0;
     Interval gg(0.0);         // dot: ||g_i||^2
     if (G.dot) {
       gn = NormUpOfMagnitudes(RowMagnitude(G.g, i), NormKind::kL2, false);
@@ -339,19 +342,23 @@ void TightenByTangent(const HeadGeometry& G, const Eigen::VectorXd& rho, double 
     for (int t = 0; t < len; ++t) {
       const double x = MulUp(p0_hi(i, t), weight(t));
       sum2 = AddUp(sum2, MulUp(x, x));
+      sum1 = AddUp(sum1, MulUp(x, rho(t)));
     }
     for (int j = 0; j < len; ++j) {
-      // sum over rows t != i of |row t|^2 / (dot: ||g_i||^2).
-      double others = sum2;
-      // (removing at most the included t = i and t = j terms keeps an upper bound)
+      // sum over rows t != i of |row t|^2 and of |row t| rho_t (dot: / ||g_i||^2, / ||g_i||);
+      // removing at most the included t = i and t = j terms keeps upper bounds.
+      double others = sum2, others1 = sum1;
       const double xi = MulDown(p0_hi(i, i), weight(i));
       others = SubUp(others, MulDown(xi, xi));
+      others1 = SubUp(others1, MulDown(xi, rho(i)));
       if (j != i) {
         const double xj = MulDown(p0_hi(i, j), weight(j));
         const double yj = MulUp(SubUp(1.0, p0_lo(i, j)), weight(j));
         others = AddUp(SubUp(others, MulDown(xj, xj)), MulUp(yj, yj));
+        others1 = AddUp(SubUp(others1, MulDown(xj, rho(j))), MulUp(yj, rho(j)));
       }
       others = std::max(others, 0.0);
+      others1 = std::max(others1, 0.0);
       double row_i, quad_up, quad_down;
       if (G.dot) {
         // ||c g_i + w||, w = b_j - bbar_i, c = 1[i=j] - P0_ii: by the triangle inequality, and
@@ -362,6 +369,7 @@ void TightenByTangent(const HeadGeometry& G, const Eigen::VectorXd& rho, double 
         const double expanded = AddUp(cross.hi, MulUp(to_mean(i, j), to_mean(i, j)));
         row_i = std::min(row_i, SqrtUp(std::max(expanded, 0.0)));
         others = MulUp(MulUp(gn, gn), others);
+        others1 = MulUp(gn, others1);
         quad_up = quad_down = MulUp(G.c_logit, MulUp(rho(i), AddUp(rho(j), rho_max)));
       } else {
         row_i = MulUp(2.0, to_mean(i, j));
@@ -370,8 +378,10 @@ void TightenByTangent(const HeadGeometry& G, const Eigen::VectorXd& rho, double 
         quad_up = MulUp(MulUp(e_up, e_up), G.inv_sqrt_dk.hi);
         quad_down = MulUp(MulUp(e_down, e_down), G.inv_sqrt_dk.hi);
       }
+      // |C . dZ| <= ||C||_F ||dZ||_F, and <= sum_t ||C_t|| rho_t (per token).
       const double c_norm = SqrtUp(AddUp(MulUp(row_i, row_i), others));
-      const double lin = MulUp(joint, c_norm);
+      const double per_token = AddUp(MulUp(row_i, rho(i)), others1);
+      const double lin = std::isfinite(joint) ? std::min(MulUp(joint, c_norm), per_token) : per_token;
       const double up = AddUp(lin, quad_up);
       const double down = AddUp(AddUp(lin, quad_down), bregman);
       F->p_hi(i, j) = std::min(F->p_hi(i, j), MulUp(p0_hi(i, j), ExpUpper(up)));
@@ -386,7 +396,7 @@ FactorBounds Bounds(const HeadGeometry& G, const Eigen::VectorXd& rho, double jo
   Eigen::MatrixXd lo, hi;
   LogitBox(G, rho, &lo, &hi);
   SoftmaxRows(lo, hi, causal, &F.p_lo, &F.p_hi);
-  if (rho.maxCoeff() > 0 && std::isfinite(joint)) TightenByTangent(G, rho, joint, causal, lo, hi, &F);
+  if (rho.maxCoeff() > 0) TightenByTangent(G, rho, joint, causal, lo, hi, &F);
   // Distances over the cover.
   F.a_sup.resize(n, n);
   F.g_sup.resize(n, n);
