@@ -443,6 +443,26 @@ struct MhaInput {
   bool residual = false;
 };
 
+// sup ||J_LN(x)||_inf over a token's ball of radius rho around x0, where c are the centred
+// entries of x0 and sigma >= sigma_lo. Row a of J_LN is gamma_a (e_a - 1/D - xhat_a xhat / D) / sigma,
+// whose l1 norm is at most |gamma_a| (2 + |xhat_a| ||xhat||_1 / D) / sigma. Centring is an
+// orthogonal projection, so |c_a| <= |c0_a| + rho and ||c||_1 <= ||c0||_1 + sqrt(D) rho; and
+// |xhat_a| ||xhat||_1 / D <= sqrt(D) always.
+double LayerNormInfNormUp(const LayerNormParams& ln, const std::vector<Interval>& c, double rho, double sigma_lo) {
+  const int d = int(c.size());
+  double c1 = 0;
+  for (const Interval& ca : c) c1 = AddUp(c1, ca.Mag());
+  const double l1 = AddUp(c1, MulUp(SqrtUp(double(d)), rho));
+  const double cap = SqrtUp(double(d));
+  const double denom = MulDown(MulDown(sigma_lo, sigma_lo), double(d));
+  double out = 0;
+  for (int a = 0; a < d; ++a) {
+    const double coupling = std::min(cap, DivUp(MulUp(AddUp(c[a].Mag(), rho), l1), denom));
+    out = std::max(out, DivUp(MulUp(std::fabs(ln.gamma(a)), AddUp(2.0, coupling)), sigma_lo));
+  }
+  return out;
+}
+
 MhaInput MhaInputOver(const AttentionLayer& L, const TokenCover& cover, NormKind p) {
   MhaInput m;
   const int n = int(cover.center.rows()), d = int(cover.center.cols());
@@ -479,9 +499,7 @@ MhaInput MhaInputOver(const AttentionLayer& L, const TokenCover& cover, NormKind
     const double grown = AddUp(cn_hi, rho);
     const double sigma_hi = SqrtUp(AddUp(DivUp(MulUp(grown, grown), double(d)), ln.eps));
     const double ell2 = DivUp(gmax, sigma_lo);
-    // ||J_LN||_inf <= max|gamma| (||I - 11^T/D||_inf + ||xhat||_inf ||xhat||_1 / D) / sigma
-    //             <= max|gamma| (2 + sqrt(D)) / sigma.
-    m.ell(j) = p == NormKind::kL2 ? ell2 : DivUp(MulUp(gmax, AddUp(2.0, SqrtUp(double(d)))), sigma_lo);
+    m.ell(j) = p == NormKind::kL2 ? ell2 : LayerNormInfNormUp(ln, c, rho, sigma_lo);
     // Centre z0 = gamma * c / sigma0 + beta, enclosed; the cover's centre is its midpoint.
     const std::vector<Interval>& xhat = r.xhat;
     double err2 = 0;
