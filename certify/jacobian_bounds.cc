@@ -7,6 +7,7 @@
 #include <stdexcept>
 #include <vector>
 
+#include "certify/closed_form.h"
 #include "certify/layer_norm_enclosure.h"
 #include "interval/elementary.h"
 #include "interval/interval_matrix.h"
@@ -557,6 +558,36 @@ double ProbabilityNormUp(const Eigen::MatrixXd& p_hi, NormKind p) {
 
 
 
+// Bounds on one L2 head's attention blocks (norm 2) that hold for every input, so they do
+// not grow with the set (Kim et al.'s argument, applied per block; docs/engines.md, "L2
+// attention: bounds that do not grow with the set"). With d_ij = ||q_i - q_j||, c = sqrt(dk)
+// and the query's own key in every row, P_ij d_ij^2 <= c W0(1/e), sum_k P_ik d_ik^2 <=
+// c W0((len-1)/e) =: s, ||a_ij|| <= ||V|| (d_ij + sqrt(s)) with V = Wo_h Wv_h Wq_h^T / sqrt(dk),
+// and ||g_ij|| <= 2 ||Wq_h|| d_ij / sqrt(dk). With k = 2 ||V|| ||Wq_h|| / sqrt(dk):
+//   ||P_ij a_ij g_ij^T|| <= k (c W0(1/e) + sqrt(c W0(1/e) s)),  ||E_i|| <= k s,
+//   sum_j P_ij ||a_ij|| ||g_ij|| <= k (s + sqrt(s) sqrt(s)) = 2 k s.
+struct L2HeadCaps {
+  double k = 0;
+  double c = 0;   // sqrt(dk), rounded up
+  double w1 = 0;  // c W0(1/e)
+  double Spread(int len) const { return MulUp(c, LambertW0Upper(DivUp(double(len - 1), ExpLower(1.0)))); }
+  L2BlockCaps For(int len) const {
+    const double s = Spread(len);
+    return L2BlockCaps{MulUp(k, AddUp(w1, SqrtUp(MulUp(w1, s)))), MulUp(k, s), MulUp(2.0, MulUp(k, s))};
+  }
+};
+
+L2HeadCaps CapsOfL2Head(const AttentionLayer& L, int h) {
+  L2HeadCaps caps;
+  const Eigen::MatrixXd wq = L.wq_head(h);
+  const Interval inv_sqrt_dk = Interval(1.0) / Sqrt(Interval(double(L.head_dim_qk)));
+  const IntervalMatrix v = Scale(inv_sqrt_dk, Mul(Mul(L.wo_head(h), L.wv_head(h)), Eigen::MatrixXd(wq.transpose())));
+  caps.k = MulUp(MulUp(MulUp(2.0, NormL2UpperInterval(v).value()), NormL2Upper(wq).value()), inv_sqrt_dk.hi);
+  caps.c = SqrtUp(double(L.head_dim_qk));
+  caps.w1 = MulUp(caps.c, LambertW0Upper(DivUp(1.0, ExpLower(1.0))));
+  return caps;
+}
+
 // The dense enclosure of J_MHA at the z-centre (ND x ND, row-major token blocks). Block
 // rows are independent: they are filled in parallel, heads added in order within each.
 IntervalMatrix DenseMhaJacobian(const AttentionLayer& L, const std::vector<HeadGeometry>& geo,
@@ -631,6 +662,11 @@ ProbabilityRanges AttentionProbabilityRanges(const AttentionLayer& layer, const 
   return ProbabilityRanges{f.p_lo, f.p_hi};
 }
 
+L2BlockCaps L2AttentionCaps(const AttentionLayer& layer, int head, int len) {
+  if (layer.kind != AttentionKind::kL2) throw std::invalid_argument("L2AttentionCaps: not an l2 layer");
+  return CapsOfL2Head(layer, head).For(len);
+}
+
 double JointRadiusUp(const TokenCover& cover) {
   double s = 0;
   for (Eigen::Index i = 0; i < cover.radius.size(); ++i) s = AddUp(s, MulUp(cover.radius(i), cover.radius(i)));
@@ -663,19 +699,26 @@ UpperBound BlockNormUpperBound(const AttentionLayer& L, const TokenCover& cover,
     geo[h] = Geometry(L, h, in.zc, p);
     fb[h] = Bounds(geo[h], in.rho_z, in.joint_z, L.causal);
   });
+  // L2 heads in norm 2 also have bounds that hold for every input (caps).
+  const bool capped = L.kind == AttentionKind::kL2 && p == NormKind::kL2;
+  std::vector<L2HeadCaps> caps(L.heads);
+  if (capped)
+    for (int h = 0; h < L.heads; ++h) caps[h] = CapsOfL2Head(L, h);
+  auto cap_or = [&](double bound, double cap) { return capped ? std::min(bound, cap) : bound; };
   for (int h = 0; h < L.heads; ++h) {
     const HeadGeometry& G = geo[h];
     const FactorBounds& F = fb[h];
     kron = AddUp(kron, MulUp(ProbabilityNormUp(F.p_hi, p), G.w_norm));
     for (int i = 0; i < n; ++i) {
       const int len = L.causal ? i + 1 : n;
+      const L2BlockCaps c = capped ? caps[h].For(len) : L2BlockCaps{kInf, kInf, kInf};
       double e = 0;
       for (int j = 0; j < len; ++j) {
         full(i, j) = AddUp(full(i, j), MulUp(F.p_hi(i, j), G.w_norm));
-        r(i, j) = AddUp(r(i, j), MulUp(F.p_hi(i, j), MulUp(F.a_sup(i, j), F.g_sup(i, j))));
+        r(i, j) = AddUp(r(i, j), cap_or(MulUp(F.p_hi(i, j), MulUp(F.a_sup(i, j), F.g_sup(i, j))), c.block));
         e = AddUp(e, MulUp(F.p_hi(i, j), MulUp(F.a_sup(i, j), F.b_sup(i, j))));
       }
-      r(i, i) = AddUp(r(i, i), e);
+      r(i, i) = AddUp(r(i, i), cap_or(e, c.diagonal));
     }
   }
   const double ell_max = in.ell.maxCoeff();
@@ -698,7 +741,14 @@ UpperBound BlockNormUpperBound(const AttentionLayer& L, const TokenCover& cover,
         c1(j) = MulUp(AddUp(geo[h].w_norm, MulUp(F.a_sup(i, j), F.g_sup(i, j))), in.ell(j));
         c2(j) = MulUp(MulUp(F.a_sup(i, j), F.b_sup(i, j)), in.ell(i));
       }
-      row = AddUp(row, AddUp(SimplexWeightedSumUp(cap, c1, len), SimplexWeightedSumUp(cap, c2, len)));
+      double t = SimplexWeightedSumUp(cap, c1, len), d = SimplexWeightedSumUp(cap, c2, len);
+      if (capped) {
+        const double ell_row = in.ell.head(len).maxCoeff();
+        const L2BlockCaps c = caps[h].For(len);
+        t = std::min(t, MulUp(AddUp(geo[h].w_norm, c.row_sum), ell_row));
+        d = std::min(d, MulUp(c.diagonal, in.ell(i)));
+      }
+      row = AddUp(row, AddUp(t, d));
     }
     row_max = std::max(row_max, row);
   }

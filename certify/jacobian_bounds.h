@@ -63,6 +63,15 @@ struct ProbabilityRanges {
 };
 ProbabilityRanges AttentionProbabilityRanges(const AttentionLayer& layer, const TokenCover& cover, int head);
 
+// Bounds for head h of an L2 layer, in norm 2, that hold for every input (X of any size),
+// for a query row with len unmasked keys (the query's own among them): with the notation of
+// the block structure above, ||P_ij a_ij g_ij^T|| <= block, ||E_i|| <= diagonal and
+// sum_j P_ij ||a_ij|| ||g_ij|| <= row_sum. Throws std::invalid_argument for a dot layer.
+struct L2BlockCaps {
+  double block = 0, diagonal = 0, row_sum = 0;
+};
+L2BlockCaps L2AttentionCaps(const AttentionLayer& layer, int head, int len);
+
 // Certified: sup over the cover of ||J(X)||_p <= result.
 UpperBound BlockNormUpperBound(const AttentionLayer& layer, const TokenCover& cover,
                                const BoundOptions& opts);
