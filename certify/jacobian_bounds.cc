@@ -201,6 +201,7 @@ HeadGeometry Geometry(const AttentionLayer& L, int h, const Eigen::MatrixXd& zc,
 struct FactorBounds {
   Eigen::MatrixXd p_lo, p_hi;  // softmax range (0 where masked)
   Eigen::MatrixXd a_sup;       // sup ||a_ij||_p
+  Eigen::MatrixXd pa;          // sup P_ij ||a_ij||_p (<= p_hi a_sup)
   Eigen::MatrixXd g_sup;       // sup ||g_ij||_q
   Eigen::MatrixXd b_sup;       // sup ||b_ij||_q
 };
@@ -391,6 +392,12 @@ void TightenByTangent(const HeadGeometry& G, const Eigen::VectorXd& rho, double 
   }
 }
 
+// max of P (1 - P) over lo <= P <= hi (rounded up).
+double MaxOfPTimesOneMinusP(double lo, double hi) {
+  const double x = hi < 0.5 ? hi : (lo > 0.5 ? lo : 0.5);
+  return MulUp(x, SubUp(1.0, x));
+}
+
 FactorBounds Bounds(const HeadGeometry& G, const Eigen::VectorXd& rho, double joint, bool causal) {
   const int n = int(rho.size());
   FactorBounds F;
@@ -400,6 +407,7 @@ FactorBounds Bounds(const HeadGeometry& G, const Eigen::VectorXd& rho, double jo
   if (rho.maxCoeff() > 0) TightenByTangent(G, rho, joint, causal, lo, hi, &F);
   // Distances over the cover.
   F.a_sup.resize(n, n);
+  F.pa.resize(n, n);
   F.g_sup.resize(n, n);
   F.b_sup.resize(n, n);
   Eigen::MatrixXd du(n, n), db(n, n), dg(n, n);
@@ -409,14 +417,18 @@ FactorBounds Bounds(const HeadGeometry& G, const Eigen::VectorXd& rho, double jo
       db(j, k) = AddUp(G.db(j, k), MulUp(G.c_b, AddUp(rho(j), rho(k))));
       if (!G.dot) dg(j, k) = AddUp(G.dg(j, k), MulUp(G.c_g, AddUp(rho(j), rho(k))));
     }
+  for (int j = 0; j < n; ++j) du(j, j) = db(j, j) = dg(j, j) = 0;  // a token's distance to itself
   for (int i = 0; i < n; ++i) {
     const int len = causal ? i + 1 : n;
     for (int j = 0; j < n; ++j) {
       if (j >= len) {
-        F.a_sup(i, j) = F.g_sup(i, j) = F.b_sup(i, j) = 0;
+        F.a_sup(i, j) = F.g_sup(i, j) = F.b_sup(i, j) = F.pa(i, j) = 0;
         continue;
       }
       F.a_sup(i, j) = MeanDistanceUp(F.p_hi, du, i, j, len);
+      // P_ij ||a_ij|| = P_ij ||sum_{k != j} P_ik (u_j - u_k)|| <= P_ij (1 - P_ij) max_{k != j} d_jk.
+      const double pq = MaxOfPTimesOneMinusP(F.p_lo(i, j), F.p_hi(i, j));
+      F.pa(i, j) = std::min(MulUp(F.p_hi(i, j), F.a_sup(i, j)), MulUp(pq, du.row(j).head(len).maxCoeff()));
       const double bmean = MeanDistanceUp(F.p_hi, db, i, j, len);
       if (G.dot) {
         F.g_sup(i, j) = AddUp(G.g_norm(i), MulUp(G.c_g, rho(i)));
@@ -557,6 +569,36 @@ double ProbabilityNormUp(const Eigen::MatrixXd& p_hi, NormKind p) {
 }
 
 
+
+// Norm 2, row i: upper bounds on sum_k P_ik ||a_ik||^2 and sum_k P_ik ||b_ik||^2 over the cover.
+// A weighted mean minimises the weighted squared distances, so sum_k P_ik ||u_k - ubar_i||^2 <=
+// sum_k P_ik ||u_k - u0_m||^2 for every centre value u0_m, each term below (du0_km + c_u rho_k)^2
+// (knapsack over P_i); likewise for b (l2: b = 2 (g - gbar)). The best m is taken. Then
+//   ||E_i|| <= sum_k P_ik ||a_ik|| ||b_ik|| <= (a2 b2)^1/2  and
+//   sum_j P_ij ||a_ij|| ||g_ij|| <= (a2 sum_j P_ij ||g_ij||^2)^1/2   (Cauchy-Schwarz).
+struct RowSpread {
+  double a2 = kInf, b2 = kInf;
+};
+
+RowSpread RowSpreadUp(const HeadGeometry& G, const FactorBounds& F, const Eigen::VectorXd& rho, int i, int len) {
+  const Eigen::VectorXd cap = F.p_hi.row(i).transpose();
+  const Eigen::MatrixXd& db0 = G.dot ? G.db : G.dg;
+  const double cb = G.dot ? G.c_b : G.c_g;
+  RowSpread out;
+  Eigen::VectorXd su(len), sb(len);
+  for (int m = 0; m < len; ++m) {
+    for (int k = 0; k < len; ++k) {
+      const double du = AddUp(G.du(k, m), MulUp(G.c_u, rho(k)));
+      const double db = AddUp(db0(k, m), MulUp(cb, rho(k)));
+      su(k) = MulUp(du, du);
+      sb(k) = MulUp(db, db);
+    }
+    out.a2 = std::min(out.a2, SimplexWeightedSumUp(cap, su, len));
+    out.b2 = std::min(out.b2, SimplexWeightedSumUp(cap, sb, len));
+  }
+  if (!G.dot) out.b2 = MulUp(4.0, out.b2);
+  return out;
+}
 
 // Bounds on one L2 head's attention blocks (norm 2) that hold for every input, so they do
 // not grow with the set (Kim et al.'s argument, applied per block; docs/engines.md, "L2
@@ -705,6 +747,8 @@ UpperBound BlockNormUpperBound(const AttentionLayer& L, const TokenCover& cover,
   if (capped)
     for (int h = 0; h < L.heads; ++h) caps[h] = CapsOfL2Head(L, h);
   auto cap_or = [&](double bound, double cap) { return capped ? std::min(bound, cap) : bound; };
+  Eigen::MatrixXd diag(n, L.heads);  // bound on ||E_i|| for head h
+  std::vector<std::vector<RowSpread>> spread(L.heads, std::vector<RowSpread>(n));
   for (int h = 0; h < L.heads; ++h) {
     const HeadGeometry& G = geo[h];
     const FactorBounds& F = fb[h];
@@ -712,13 +756,20 @@ UpperBound BlockNormUpperBound(const AttentionLayer& L, const TokenCover& cover,
     for (int i = 0; i < n; ++i) {
       const int len = L.causal ? i + 1 : n;
       const L2BlockCaps c = capped ? caps[h].For(len) : L2BlockCaps{kInf, kInf, kInf};
-      double e = 0;
+      // ||E_i|| <= sum_k P_ik ||a_ik|| ||b_ik||, P_i on the simplex below p_hi (knapsack).
+      Eigen::VectorXd ab(len);
       for (int j = 0; j < len; ++j) {
         full(i, j) = AddUp(full(i, j), MulUp(F.p_hi(i, j), G.w_norm));
-        r(i, j) = AddUp(r(i, j), cap_or(MulUp(F.p_hi(i, j), MulUp(F.a_sup(i, j), F.g_sup(i, j))), c.block));
-        e = AddUp(e, MulUp(F.p_hi(i, j), MulUp(F.a_sup(i, j), F.b_sup(i, j))));
+        r(i, j) = AddUp(r(i, j), cap_or(MulUp(F.pa(i, j), F.g_sup(i, j)), c.block));
+        ab(j) = MulUp(F.a_sup(i, j), F.b_sup(i, j));
       }
-      r(i, i) = AddUp(r(i, i), cap_or(e, c.diagonal));
+      double e = SimplexWeightedSumUp(F.p_hi.row(i).transpose(), ab, len);
+      if (p == NormKind::kL2) {
+        spread[h][i] = RowSpreadUp(G, F, in.rho_z, i, len);
+        e = std::min(e, SqrtUp(MulUp(spread[h][i].a2, spread[h][i].b2)));
+      }
+      diag(i, h) = cap_or(e, c.diagonal);
+      r(i, i) = AddUp(r(i, i), diag(i, h));
     }
   }
   const double ell_max = in.ell.maxCoeff();
@@ -741,13 +792,16 @@ UpperBound BlockNormUpperBound(const AttentionLayer& L, const TokenCover& cover,
         c1(j) = MulUp(AddUp(geo[h].w_norm, MulUp(F.a_sup(i, j), F.g_sup(i, j))), in.ell(j));
         c2(j) = MulUp(MulUp(F.a_sup(i, j), F.b_sup(i, j)), in.ell(i));
       }
-      double t = SimplexWeightedSumUp(cap, c1, len), d = SimplexWeightedSumUp(cap, c2, len);
-      if (capped) {
-        const double ell_row = in.ell.head(len).maxCoeff();
-        const L2BlockCaps c = caps[h].For(len);
-        t = std::min(t, MulUp(AddUp(geo[h].w_norm, c.row_sum), ell_row));
-        d = std::min(d, MulUp(c.diagonal, in.ell(i)));
+      double t = SimplexWeightedSumUp(cap, c1, len);
+      const double d = std::min(SimplexWeightedSumUp(cap, c2, len), MulUp(diag(i, h), in.ell(i)));
+      const double ell_row = in.ell.head(len).maxCoeff();
+      if (p == NormKind::kL2) {
+        Eigen::VectorXd g2(len);
+        for (int j = 0; j < len; ++j) g2(j) = MulUp(F.g_sup(i, j), F.g_sup(i, j));
+        const double ag = SqrtUp(MulUp(spread[h][i].a2, SimplexWeightedSumUp(cap, g2, len)));
+        t = std::min(t, MulUp(AddUp(geo[h].w_norm, ag), ell_row));
       }
+      if (capped) t = std::min(t, MulUp(AddUp(geo[h].w_norm, caps[h].For(len).row_sum), ell_row));
       row = AddUp(row, AddUp(t, d));
     }
     row_max = std::max(row_max, row);
