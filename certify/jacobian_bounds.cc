@@ -779,8 +779,10 @@ UpperBound BlockNormUpperBound(const AttentionLayer& L, const TokenCover& cover,
     for (int j = 0; j < n; ++j) all(i, j) = AddUp(full(i, j), r(i, j));
   const double joint = ScaledNonnegNormUp(all, in.ell, p);
   // Row sums of the block bounds (times ell_j) with P's rows on the simplex:
-  //   sum_j ||J_ij|| ell_j <= sum_h [ sum_j P_ij (||W_h|| + a g) ell_j + ell_i sum_k P_ik a b ].
-  // Then ||.||_inf <= max row sum, and ||.||_2 <= sqrt(max row sum * max column sum).
+  //   sum_j ||J_ij|| ell_j <= sum_h [ sum_j P_ij (||W_h|| + a g) ell_j + ell_i ||E_i|| ],
+  // sum_j P_ij a g by the knapsack, by Cauchy-Schwarz over the row's spreads (norm 2) or by
+  // the L2 cap, whichever is smallest. Then ||.||_inf <= max row sum, and
+  // ||.||_2 <= sqrt(max row sum * max column sum).
   double row_max = 0;
   for (int i = 0; i < n; ++i) {
     const int len = L.causal ? i + 1 : n;
