@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include "certify/branch_and_bound.h"
 #include "certify/search.h"
 #include "tests/certify/test_util.h"
 
@@ -132,11 +133,6 @@ TEST(JacobianBoundsTest, TokenPermutationLeavesUnmaskedBoundUnchanged) {
   }
 }
 
-}  // namespace
-}  // namespace lipcert
-
-namespace lipcert {
-namespace {
 TEST(ClosedFormTest, LambertW0UpperIsTightAndAbove) {
   for (double x : {0.0, 1e-300, 1e-8, 0.5, 1.0, 2.718281828459045, 10.0, 1e3, 1e300}) {
     const double w = LambertW0Upper(x);
@@ -164,14 +160,6 @@ TEST(ClosedFormTest, KimBoundMatchesPublishedValuesForUnitWeights) {
     EXPECT_NEAR(b[0].upper.value() / std::sqrt(double(n)), expected, 0.01) << "N = " << n;
   }
 }
-}  // namespace
-}  // namespace lipcert
-
-#include "certify/branch_and_bound.h"
-
-namespace lipcert {
-namespace {
-using namespace testing_util;
 
 // Branch and bound splits the set and covers pieces by its own logic (piece covers,
 // disjointness pruning, parent caps): its bound must dominate the witnesses too.
@@ -200,13 +188,6 @@ TEST(BranchAndBoundTest, SplitBoundsDominateWitnessedLowerBounds) {
   }
   EXPECT_GT(split_cases, cases / 2);
 }
-}  // namespace
-}  // namespace lipcert
-
-namespace lipcert {
-namespace {
-
-using namespace testing_util;
 
 // Gradient of log P^h_ij at x by central differences (double; only a direction to probe).
 Eigen::MatrixXd LogProbabilityGradient(const AttentionLayer& L, const Eigen::MatrixXd& x, int h, int i, int j) {
@@ -299,13 +280,6 @@ TEST(JacobianBoundsTest, BallProbabilityRangesAreFirstOrderTight) {
   EXPECT_GE(checked, 50);
 }
 
-}  // namespace
-}  // namespace lipcert
-
-namespace lipcert {
-namespace {
-
-using namespace testing_util;
 
 // The radius-free bounds of L2 heads hold at points of every scale: in MPFR, the attention
 // blocks P_ij a_ij g_ij^T, the diagonal terms E_i and the row sums stay below them, from
@@ -396,13 +370,6 @@ TEST(JacobianBoundsTest, L2BlockBoundIsRadiusFreeAndSound) {
   }
 }
 
-}  // namespace
-}  // namespace lipcert
-
-namespace lipcert {
-namespace {
-
-using namespace testing_util;
 
 // Stronger witnesses than samples: the lower-bound search (ascent from structured and random
 // starts, rigorously re-evaluated) on random layers and sets with radii up to 10, where the
