@@ -737,9 +737,12 @@ UpperBound BlockNormUpperBound(const AttentionLayer& L, const TokenCover& cover,
   // Heads are independent: bound them in parallel, then add up in head order.
   std::vector<HeadGeometry> geo(L.heads);
   std::vector<FactorBounds> fb(L.heads);
+  std::vector<std::vector<RowSpread>> spread(L.heads, std::vector<RowSpread>(n));  // norm 2 only
   kernels_internal::ParallelFor(L.heads, kernels_internal::WorkerCount(0, L.heads), [&](int h, int) {
     geo[h] = Geometry(L, h, in.zc, p);
     fb[h] = Bounds(geo[h], in.rho_z, in.joint_z, L.causal);
+    if (p == NormKind::kL2)
+      for (int i = 0; i < n; ++i) spread[h][i] = RowSpreadUp(geo[h], fb[h], in.rho_z, i, L.causal ? i + 1 : n);
   });
   // L2 heads in norm 2 also have bounds that hold for every input (caps).
   const bool capped = L.kind == AttentionKind::kL2 && p == NormKind::kL2;
@@ -748,7 +751,6 @@ UpperBound BlockNormUpperBound(const AttentionLayer& L, const TokenCover& cover,
     for (int h = 0; h < L.heads; ++h) caps[h] = CapsOfL2Head(L, h);
   auto cap_or = [&](double bound, double cap) { return capped ? std::min(bound, cap) : bound; };
   Eigen::MatrixXd diag(n, L.heads);  // bound on ||E_i|| for head h
-  std::vector<std::vector<RowSpread>> spread(L.heads, std::vector<RowSpread>(n));
   for (int h = 0; h < L.heads; ++h) {
     const HeadGeometry& G = geo[h];
     const FactorBounds& F = fb[h];
@@ -764,10 +766,7 @@ UpperBound BlockNormUpperBound(const AttentionLayer& L, const TokenCover& cover,
         ab(j) = MulUp(F.a_sup(i, j), F.b_sup(i, j));
       }
       double e = SimplexWeightedSumUp(F.p_hi.row(i).transpose(), ab, len);
-      if (p == NormKind::kL2) {
-        spread[h][i] = RowSpreadUp(G, F, in.rho_z, i, len);
-        e = std::min(e, SqrtUp(MulUp(spread[h][i].a2, spread[h][i].b2)));
-      }
+      if (p == NormKind::kL2) e = std::min(e, SqrtUp(MulUp(spread[h][i].a2, spread[h][i].b2)));
       diag(i, h) = cap_or(e, c.diagonal);
       r(i, i) = AddUp(r(i, i), diag(i, h));
     }
