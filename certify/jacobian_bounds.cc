@@ -13,7 +13,7 @@
 #include "interval/interval_matrix.h"
 #include "interval/norms.h"
 #include "interval/softmax.h"
-#include "kernels/parallel.h"
+#include "interval/parallel.h"
 
 namespace lipcert {
 namespace {
@@ -648,7 +648,7 @@ IntervalMatrix DenseMhaJacobian(const AttentionLayer& L, const std::vector<HeadG
     ubar[h] = Mul(p0[h], geo[h].u);
     bbar[h] = Mul(p0[h], geo[h].b);
   }
-  kernels_internal::ParallelFor(n, kernels_internal::WorkerCount(0, n), [&](int i, int) {
+  ParallelFor(n, WorkerCount(0, n), [&](int i, int) {
     const int len = L.causal ? i + 1 : n;
     for (int h = 0; h < L.heads; ++h) {
       const HeadGeometry& G = geo[h];
@@ -679,7 +679,7 @@ IntervalMatrix DenseMhaJacobian(const AttentionLayer& L, const std::vector<HeadG
 IntervalMatrix ComposeWithLayerNorm(const IntervalMatrix& jm, const std::vector<IntervalMatrix>& ln, int n, int d,
                                     bool add_identity) {
   Eigen::MatrixXd mid(n * d, n * d), rad(n * d, n * d);
-  kernels_internal::ParallelFor(n, kernels_internal::WorkerCount(0, n), [&](int j, int) {
+  ParallelFor(n, WorkerCount(0, n), [&](int j, int) {
     const IntervalMatrix col(jm.mid.middleCols(j * d, d), jm.rad.middleCols(j * d, d));
     const IntervalMatrix prod = Mul(col, ln[j]);
     mid.middleCols(j * d, d) = prod.mid;
@@ -738,7 +738,7 @@ UpperBound BlockNormUpperBound(const AttentionLayer& L, const TokenCover& cover,
   std::vector<HeadGeometry> geo(L.heads);
   std::vector<FactorBounds> fb(L.heads);
   std::vector<std::vector<RowSpread>> spread(L.heads, std::vector<RowSpread>(n));  // norm 2 only
-  kernels_internal::ParallelFor(L.heads, kernels_internal::WorkerCount(0, L.heads), [&](int h, int) {
+  ParallelFor(L.heads, WorkerCount(0, L.heads), [&](int h, int) {
     geo[h] = Geometry(L, h, in.zc, p);
     fb[h] = Bounds(geo[h], in.rho_z, in.joint_z, L.causal);
     if (p == NormKind::kL2)

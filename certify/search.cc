@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "certify/witness_eval.h"
+#include "interval/parallel.h"
 #include "kernels/engine.h"
 #include "models/forward.h"
 
@@ -201,21 +202,6 @@ struct Candidate {
   std::string origin;
   Pair pair;
 };
-
-// f(i, worker) for i in [0, n), worker in [0, threads).
-void ParallelFor(int n, int threads, const std::function<void(int, int)>& f) {
-  if (threads <= 1 || n <= 1) {
-    for (int i = 0; i < n; ++i) f(i, 0);
-    return;
-  }
-  std::atomic<int> next{0};
-  std::vector<std::thread> pool;
-  for (int t = 0; t < std::min(threads, n); ++t)
-    pool.emplace_back([&, t] {
-      for (int i; (i = next.fetch_add(1)) < n;) f(i, t);
-    });
-  for (auto& th : pool) th.join();
-}
 
 // ---------------------------------------------------------------------------------------
 // Samples.

@@ -6,7 +6,7 @@
 #include "kernels/backends.h"
 #include "kernels/cpu_layer.h"
 #include "kernels/lanczos.h"
-#include "kernels/parallel.h"
+#include "interval/parallel.h"
 
 namespace lipcert::kernels_internal {
 namespace {

@@ -1,11 +1,14 @@
-// A minimal parallel-for over independent items (points), for the CPU engine.
+// The project's one parallel-for over independent items (points, heads, rows).
+// Every worker thread runs its items under the rounding model's floating-point
+// environment (interval/fp_environment.h): certified arithmetic never runs in a thread
+// whose FTZ/DAZ or rounding mode some other code changed.
 #pragma once
 
 #include <atomic>
 #include <thread>
 #include <vector>
 
-namespace lipcert::kernels_internal {
+namespace lipcert {
 
 // Worker count for `requested` threads (0 = hardware concurrency), never above `items`.
 inline int WorkerCount(int requested, int items) {
@@ -34,4 +37,4 @@ void ParallelFor(int items, int workers, Fn&& fn) {
   for (auto& th : pool) th.join();
 }
 
-}  // namespace lipcert::kernels_internal
+}  // namespace lipcert
