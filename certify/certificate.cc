@@ -15,6 +15,7 @@ const char* CertificateStatusToString(CertificateStatus s) {
     case CertificateStatus::kTolerance: return "tolerance_reached";
     case CertificateStatus::kTimeLimit: return "time_limit";
     case CertificateStatus::kExhausted: return "engines_exhausted";
+    case CertificateStatus::kInProgress: return "in_progress";
   }
   return "?";
 }
@@ -36,7 +37,7 @@ nlohmann::json ToJson(const Certificate& c) {
                 {"sha256", c.provenance.model_sha256},
                 {"preset", c.provenance.preset},
                 {"layer", c.provenance.layer_index}};
-  j["layer"] = {{"kind", c.kind},         {"d_model", c.d_model},       {"heads", c.heads},
+  j["layer"] = {{"kind", AttentionKindToString(c.kind)},         {"d_model", c.d_model},       {"heads", c.heads},
                 {"head_dim_qk", c.head_dim_qk}, {"head_dim_v", c.head_dim_v}, {"causal", c.causal},
                 {"layer_norm", c.layer_norm},   {"biases", c.biases}};
   j["set"] = {{"kind", SetKindToString(c.set)},
@@ -69,13 +70,14 @@ nlohmann::json ToJson(const Certificate& c) {
   j["status"] = CertificateStatusToString(c.status);
   j["branch_and_bound"] = {{"pieces_explored", c.pieces_explored}, {"open_pieces", c.open_pieces}};
   j["elapsed_s"] = c.elapsed_s;
+  if (!c.notes.empty()) j["notes"] = c.notes;
   return j;
 }
 
 std::string Summary(const Certificate& c) {
   std::ostringstream os;
   os.precision(6);
-  os << c.provenance.model_path << " layer " << c.provenance.layer_index << " (" << c.kind
+  os << c.provenance.model_path << " layer " << c.provenance.layer_index << " (" << AttentionKindToString(c.kind)
      << ", D=" << c.d_model << ", H=" << c.heads << (c.causal ? ", causal" : "")
      << (c.layer_norm ? ", X+MHA(LN(X))" : "") << ")\n";
   os << "  set " << SetKindToString(c.set) << " radius " << c.radius << " around " << c.provenance.centre_source
@@ -91,6 +93,7 @@ std::string Summary(const Certificate& c) {
       os << e.upper.value();
   }
   os << "\n";
+  for (const std::string& n : c.notes) os << "  note: " << n << "\n";
   if (c.invertibility)
     os << "  residual Lip(g) <= " << c.invertibility->lip_g_upper.value()
        << (c.invertibility->certified ? "  -> certified invertible on the set" : "  (invertibility not certified)")

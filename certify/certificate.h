@@ -9,6 +9,7 @@
 
 #include "certify/input_set.h"
 #include "interval/rounding.h"
+#include "models/attention_layer.h"
 
 namespace lipcert {
 
@@ -16,6 +17,7 @@ enum class CertificateStatus {
   kTolerance,  // upper <= (1 + tolerance) lower: done
   kTimeLimit,  // stopped by the time limit with open pieces left
   kExhausted,  // every piece bounded, tolerance not reached (engines at their limit)
+  kInProgress, // an intermediate (anytime) certificate: the run has not ended
 };
 const char* CertificateStatusToString(CertificateStatus s);
 
@@ -53,7 +55,7 @@ struct WitnessSummary {
 struct Certificate {
   Provenance provenance;
   // The layer.
-  std::string kind;           // "dot" | "l2"
+  AttentionKind kind = AttentionKind::kDot;
   int d_model = 0, heads = 0, head_dim_qk = 0, head_dim_v = 0, tokens = 0;
   bool causal = false, layer_norm = false, biases = false;
   // The set and the norm.
@@ -71,6 +73,9 @@ struct Certificate {
   CertificateStatus status = CertificateStatus::kTimeLimit;
   double elapsed_s = 0;
   int pieces_explored = 0, open_pieces = 0;
+  // What a reader should know about how the request was read (e.g. an option that did
+  // not apply to this layer); empty when nothing.
+  std::vector<std::string> notes;
 
   // upper / lower (+inf when the lower bound is 0).
   double gap() const;

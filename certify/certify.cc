@@ -29,7 +29,7 @@ double Since(Clock::time_point t) { return std::chrono::duration<double>(Clock::
 Certificate Skeleton(const AttentionLayer& L, const InputSet& set, const CertifyOptions& o, const Provenance& p) {
   Certificate c;
   c.provenance = p;
-  c.kind = AttentionKindToString(L.kind);
+  c.kind = L.kind;
   c.d_model = L.d_model;
   c.heads = L.heads;
   c.head_dim_qk = L.head_dim_qk;
@@ -45,6 +45,7 @@ Certificate Skeleton(const AttentionLayer& L, const InputSet& set, const Certify
   const NumericsTag tag = CurrentNumericsTag();
   c.rounding_model = tag.rounding_model;
   c.exp_backend = tag.exp_backend;
+  c.status = CertificateStatus::kInProgress;  // until the run ends
   return c;
 }
 

@@ -34,4 +34,10 @@ struct InputError : std::runtime_error {
   std::string field;  // the tensor, header entry or key at fault
 };
 
+// A user error in an option or request field (not in a file): what() names the field,
+// e.g. "radius: must be finite". Reported like InputError (exit 2 at the CLI).
+struct OptionError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
 }  // namespace lipcert

@@ -1,0 +1,32 @@
+// lipcert certify --model M [--preset P] [--layer I] --center SPEC [--tokens N]
+//                 --set ball|tokens|box --radius R | --relative-radius F [--norm 2|inf]
+//                 [--time-limit S] [--threads T] [--json OUT.json] [--witness OUT.safetensors]
+#include <iostream>
+
+#include "cli/commands.h"
+
+namespace lipcert::cli {
+
+Command AddCertifyCommand(CLI::App& parent) {
+  auto a = std::make_shared<CertifyArgs>();
+  CLI::App* app = parent.add_subcommand("certify", "certify the local Lipschitz constant of one layer over a set");
+  AddCertifyOptions(app, a.get());
+  return {app, [a] {
+            PreparedJob job = PrepareJob(ToRequest(*a));
+            if (!a->json_out.empty()) {
+              // Anytime: every improvement is written atomically with status in_progress,
+              // so a run killed at any moment leaves its best certificate so far.
+              job.options.on_improvement = [out = a->json_out](const Certificate& c) {
+                WriteFileAtomic(out, ToJson(c).dump(2) + "\n");
+              };
+            }
+            const CertifyOutcome r = RunJob(job);
+            if (!a->witness_out.empty())
+              WriteWitness(a->witness_out, r.witness.x, r.witness.v, r.certificate.lower_bound.value());
+            if (!a->json_out.empty()) WriteFileAtomic(a->json_out, ToJson(r.certificate).dump(2) + "\n");
+            std::cout << Summary(r.certificate);
+            return 0;
+          }};
+}
+
+}  // namespace lipcert::cli

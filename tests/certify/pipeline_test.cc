@@ -1,0 +1,119 @@
+// The pipeline (certify/pipeline.h) end to end in C++: PrepareJob's validation names the
+// field at fault, the prepared set matches the request, and RunJob's certificate is
+// sound (lower <= upper) and carries the request's provenance.
+#include "certify/pipeline.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+
+#include "models/errors.h"
+
+namespace lipcert {
+namespace {
+
+const std::string kZoo = std::string(LIPCERT_SOURCE_DIR) + "/models/zoo/";
+
+CertifyRequest ZooRequest() {
+  CertifyRequest r;
+  r.model.path = kZoo + "dot-layer0.safetensors";
+  r.set.centre = kZoo + "dot-layer0-centres.safetensors:x0";
+  r.set.kind = SetKind::kBall;
+  r.set.relative_radius = 0.001;
+  r.options.time_limit_s = 2;
+  return r;
+}
+
+// The message of the OptionError or InputError that f throws ("" when none).
+template <class F>
+std::string ErrorOf(F&& f) {
+  try {
+    f();
+  } catch (const OptionError& e) {
+    return e.what();
+  } catch (const InputError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(PrepareJobTest, BuildsTheRequestedSet) {
+  const PreparedJob job = PrepareJob(ZooRequest());
+  EXPECT_EQ(job.set.kind, SetKind::kBall);
+  ASSERT_GT(job.set.center.size(), 0);
+  EXPECT_EQ(job.set.width(), job.Layer().d_model);
+  EXPECT_DOUBLE_EQ(job.set.radius, 0.001 * job.set.center.norm());
+  EXPECT_EQ(job.provenance.model_sha256.size(), 64u);
+  EXPECT_TRUE(job.Layer().residual());
+  EXPECT_TRUE(job.note.empty());
+}
+
+TEST(PrepareJobTest, AttentionOnlyDropsTheLayerNorm) {
+  CertifyRequest r = ZooRequest();
+  r.model.attention_only = true;
+  EXPECT_FALSE(PrepareJob(r).Layer().residual());
+}
+
+TEST(PrepareJobTest, AttentionOnlyOnALayerWithoutLayerNormIsNoted) {
+  CertifyRequest r = ZooRequest();
+  r.model.path = std::string(LIPCERT_SOURCE_DIR) + "/tests/data/checkpoints/native-dot";
+  r.model.attention_only = true;
+  r.set.centre = "zero";
+  r.set.relative_radius = -1;
+  r.set.radius = 0.1;
+  r.set.tokens = 3;
+  const PreparedJob job = PrepareJob(r);
+  EXPECT_NE(job.note.find("no LayerNorm"), std::string::npos) << job.note;
+  r.options.time_limit_s = 1;
+  const CertifyOutcome out = RunJob(job);
+  ASSERT_EQ(out.certificate.notes.size(), 1u);
+  EXPECT_EQ(out.certificate.notes[0], job.note);
+}
+
+TEST(PrepareJobTest, RefusesBadRequestsNamingTheField) {
+  CertifyRequest both = ZooRequest();
+  both.set.radius = 1;
+  EXPECT_EQ(ErrorOf([&] { PrepareJob(both); }).rfind("radius:", 0), 0u);
+  CertifyRequest neither = ZooRequest();
+  neither.set.relative_radius = -1;
+  EXPECT_EQ(ErrorOf([&] { PrepareJob(neither); }).rfind("radius:", 0), 0u);
+  CertifyRequest time = ZooRequest();
+  time.options.time_limit_s = 0;
+  EXPECT_EQ(ErrorOf([&] { PrepareJob(time); }).rfind("time_limit", 0), 0u);
+  CertifyRequest missing = ZooRequest();
+  missing.set.centre = kZoo + "dot-layer0-centres.safetensors:no_such_tensor";
+  EXPECT_NE(ErrorOf([&] { PrepareJob(missing); }).find("no_such_tensor"), std::string::npos);
+  CertifyRequest layer = ZooRequest();
+  layer.model.path = std::string(LIPCERT_SOURCE_DIR) + "/tests/data/checkpoints/bert";
+  layer.model.layer = 77;
+  EXPECT_NE(ErrorOf([&] { PrepareJob(layer); }), "");
+}
+
+TEST(RunJobTest, CertificateIsSoundAndCarriesTheProvenance) {
+  const CertifyOutcome out = CertifyCheckpoint(ZooRequest());
+  const Certificate& c = out.certificate;
+  EXPECT_GT(c.lower_bound.value(), 0);
+  EXPECT_LE(c.lower_bound.value(), c.upper_bound.value());
+  EXPECT_TRUE(std::isfinite(c.upper_bound.value()));
+  EXPECT_NE(c.status, CertificateStatus::kInProgress);
+  EXPECT_EQ(c.provenance.centre_source, ZooRequest().set.centre);
+  EXPECT_EQ(out.witness.x.rows(), c.tokens);
+  EXPECT_EQ(out.witness.v.cols(), c.d_model);
+}
+
+TEST(RunJobTest, IntermediateCertificatesAreInProgress) {
+  PreparedJob job = PrepareJob(ZooRequest());
+  int calls = 0;
+  job.options.on_improvement = [&](const Certificate& c) {
+    ++calls;
+    EXPECT_EQ(c.status, CertificateStatus::kInProgress);
+    EXPECT_EQ(ToJson(c)["status"], "in_progress");
+  };
+  const Certificate c = RunJob(job).certificate;
+  EXPECT_GE(calls, 1);
+  EXPECT_NE(ToJson(c)["status"], "in_progress");
+}
+
+}  // namespace
+}  // namespace lipcert
