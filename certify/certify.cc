@@ -1,30 +1,69 @@
 #include "certify/certify.h"
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <stdexcept>
 
 #include "certify/branch_and_bound.h"
 #include "certify/closed_form.h"
 #include "certify/jacobian_bounds.h"
-#include "certify/search.h"
 #include "interval/elementary.h"
 
 namespace lipcert {
 
-std::string ValidateCertifyOptions(const CertifyOptions& o) {
-  if (!(o.time_limit_s > 0)) return "time_limit: must be positive";
-  if (!(o.search_share >= 0 && o.search_share < 1)) return "search_share: must be in [0, 1)";
-  if (!(o.tolerance >= 0)) return "tolerance: must be >= 0";
-  if (o.dense_limit < 0) return "dense_limit: must be >= 0";
+std::string SearchStageOptions::IsValid() const {
+  if (!(share >= 0 && share < 1)) return "search.share: must be in [0, 1)";
+  if (max_rounds < 0) return "search.max_rounds: must be >= 0";
   return "";
 }
+
+std::string EngineStageOptions::IsValid() const {
+  if (dense_limit < 0) return "engines.dense_limit: must be >= 0";
+  return "";
+}
+
+std::string BranchStageOptions::IsValid() const {
+  if (max_pieces < 1) return "branch_and_bound.max_pieces: must be >= 1";
+  return "";
+}
+
+std::string CertifyOptions::IsValid() const {
+  if (!(time_limit_s > 0)) return "time_limit: must be positive";
+  if (!(tolerance >= 0)) return "tolerance: must be >= 0";
+  if (threads < 0) return "threads: must be >= 0";
+  for (const std::string& e : {search.IsValid(), engines.IsValid(), branch_and_bound.IsValid()})
+    if (!e.empty()) return e;
+  return "";
+}
+
+std::string ValidateCertifyOptions(const CertifyOptions& o) { return o.IsValid(); }
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
 
-double Since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+// The run's one clock: every stage asks it how much of the time limit is left.
+class RunClock {
+ public:
+  explicit RunClock(double limit_s) : start_(Clock::now()), limit_s_(limit_s) {}
+  double Elapsed() const { return std::chrono::duration<double>(Clock::now() - start_).count(); }
+  double Left() const { return std::max(0.0, limit_s_ - Elapsed()); }
+
+ private:
+  Clock::time_point start_;
+  double limit_s_;
+};
+
+// fn() and the seconds it took. The result is computed before the clock is read again
+// (in `record(name, Engine(...), Since(t))` C++ leaves the order unspecified).
+template <class F>
+auto Timed(F&& fn) {
+  const auto t = Clock::now();
+  auto result = fn();
+  return std::make_pair(std::move(result), std::chrono::duration<double>(Clock::now() - t).count());
+}
 
 Certificate Skeleton(const AttentionLayer& L, const InputSet& set, const CertifyOptions& o, const Provenance& p) {
   Certificate c;
@@ -49,113 +88,145 @@ Certificate Skeleton(const AttentionLayer& L, const InputSet& set, const Certify
   return c;
 }
 
+// Every certified bound enters the certificate through here: the certificate's bound is
+// the minimum over the engines.
+void Record(Certificate* c, const std::string& name, UpperBound upper, double seconds, const std::string& note = "") {
+  c->engines.push_back({name, upper, seconds, note});
+  c->upper_bound = Min(c->upper_bound, upper);
+}
+
+void Refused(Certificate* c, const std::string& name, const std::string& why) {
+  c->engines.push_back({name, UpperBound(kInf), 0, why, false});
+}
+
 void Progress(const CertifyOptions& o, const char* stage, const Certificate& c, double t) {
   if (!o.progress) return;
   std::fprintf(stderr, "[lipcert %7.2fs] %-18s upper %.9g  lower %.9g  gap %.6g\n", t, stage,
                c.upper_bound.value(), c.lower_bound.value(), c.gap());
 }
 
-}  // namespace
+// 1. The published closed forms that apply to the layer and the set.
+void RunClosedForms(const AttentionLayer& L, const InputSet& set, const CertifyOptions& o, Certificate* c) {
+  const auto [bounds, seconds] = Timed([&] { return ClosedFormBounds(L, set, o.norm); });
+  for (const ClosedFormBound& b : bounds) Record(c, b.name, b.upper, seconds / double(bounds.size()));
+}
 
-Certificate Certify(const AttentionLayer& L, const InputSet& set, const CertifyOptions& o,
-                    const Provenance& provenance, WitnessData* witness) {
-  if (const std::string e = ValidateCertifyOptions(o); !e.empty()) throw std::invalid_argument(e);
-  if (const std::string e = ValidateLayer(L); !e.empty()) throw std::invalid_argument(e);
-  if (set.width() != L.d_model) throw std::invalid_argument("centre: width does not match the layer's d_model");
-  if (!(set.radius >= 0) || !std::isfinite(set.radius)) throw std::invalid_argument("radius: must be finite and >= 0");
-  const auto start = Clock::now();
-  Certificate c = Skeleton(L, set, o, provenance);
-  auto record = [&](const std::string& name, UpperBound u, double secs, const std::string& note) {
-    c.engines.push_back({name, u, secs, note});
-    c.upper_bound = Min(c.upper_bound, u);
-  };
-
-  // 1. Closed-form baselines.
-  for (const ClosedFormBound& b : ClosedFormBounds(L, set, o.norm)) record(b.name, b.upper, 0, "");
-
-  // 2. The witnessed lower bound.
+// 2. The witnessed lower bound, with its share of the time.
+void RunSearch(const AttentionLayer& L, const InputSet& set, const CertifyOptions& o, double seconds,
+               Certificate* c, WitnessData* witness) {
   SearchOptions so;
   so.norm = o.norm;
   so.seed = o.seed;
   so.threads = o.threads;
-  so.time_limit_s = o.time_limit_s * o.search_share;
-  so.verbose = false;
+  so.max_rounds = o.search.max_rounds;
+  so.time_limit_s = seconds;
   const SearchResult sr = SearchLowerBound(L, set, so);
-  c.lower_bound = LowerBound(sr.best.lower_bound);
-  c.witness = {sr.best.origin, sr.best.value, LowerBound(sr.best.lower_bound)};
+  c->lower_bound = LowerBound(sr.best.lower_bound);
+  c->witness = {sr.best.origin, sr.best.value, LowerBound(sr.best.lower_bound)};
   if (witness) *witness = {sr.best.x, sr.best.v};
-  Progress(o, "search", c, Since(start));
+}
 
-  // 3. Structured engines on the whole set.
+BoundOptions BoundOptionsOf(const CertifyOptions& o) {
   BoundOptions bo;
   bo.norm = o.norm;
-  bo.dense_limit = o.dense_limit;
-  const TokenCover cover = CoverOf(set);
-  const auto structured_start = Clock::now();
-  double centred_seconds = 0;
-  {
-    const auto t = Clock::now();
-    record("block_norm", BlockNormUpperBound(L, cover, bo), Since(t), "");
-    Progress(o, "block_norm", c, Since(start));
-  }
-  if (o.norm == NormKind::kL2 && long(set.center.size()) <= o.dense_limit) {
-    const auto t = Clock::now();
-    record("centred", CentredUpperBound(L, cover, bo), Since(t), "");
-    centred_seconds = Since(t);
-    Progress(o, "centred", c, Since(start));
-  } else {
-    c.engines.push_back({"centred", UpperBound(kInf), 0,
-                         o.norm != NormKind::kL2 ? "norm 2 only" : "N*D above dense_limit", false});
-  }
-  if (o.on_improvement) o.on_improvement(c);
+  bo.dense_limit = o.engines.dense_limit;
+  return bo;
+}
 
-  // 4. Branch and bound with the time that is left.
+// Why the centred engine does not run on this cover ("" when it does).
+std::string CentredRefusal(const TokenCover& cover, const CertifyOptions& o) {
+  if (o.norm != NormKind::kL2) return "norm 2 only";
+  if (long(cover.center.size()) > o.engines.dense_limit) return "N*D above dense_limit";
+  return "";
+}
+
+// 3. The structured bound engines on the whole set. Returns the seconds they took.
+double RunStructuredEngines(const AttentionLayer& L, const TokenCover& cover, const CertifyOptions& o,
+                            const RunClock& clock, Certificate* c) {
+  const BoundOptions bo = BoundOptionsOf(o);
+  const auto start = Clock::now();
+  const auto [block, block_s] = Timed([&] { return BlockNormUpperBound(L, cover, bo); });
+  Record(c, "block_norm", block, block_s);
+  Progress(o, "block_norm", *c, clock.Elapsed());
+  if (const std::string why = CentredRefusal(cover, o); !why.empty()) {
+    Refused(c, "centred", why);
+  } else {
+    const auto [centred, centred_s] = Timed([&] { return CentredUpperBound(L, cover, bo); });
+    Record(c, "centred", centred, centred_s);
+    Progress(o, "centred", *c, clock.Elapsed());
+  }
+  if (o.on_improvement) o.on_improvement(*c);
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// 4. Branch and bound over the set with the time that is left.
+void RunBranchAndBound(const AttentionLayer& L, const InputSet& set, const CertifyOptions& o,
+                       double root_seconds, const RunClock& clock, Certificate* c) {
   BranchAndBoundOptions bb;
   bb.norm = o.norm;
   bb.tolerance = o.tolerance;
-  bb.dense_limit = o.dense_limit;
-  bb.time_limit_s = std::max(0.0, o.time_limit_s - Since(start));
-  bb.root_upper = c.upper_bound;
-  bb.root_seconds = Since(structured_start);
+  bb.dense_limit = o.engines.dense_limit;
+  bb.max_pieces = o.branch_and_bound.max_pieces;
+  bb.time_limit_s = clock.Left();
+  bb.root_upper = c->upper_bound;
+  bb.root_seconds = root_seconds;
   bb.on_improvement = [&](UpperBound u, int explored, int open) {
-    if (u.value() < c.upper_bound.value()) {
-      c.upper_bound = u;
-      c.pieces_explored = explored;
-      c.open_pieces = open;
-      c.elapsed_s = Since(start);
-      Progress(o, "branch_and_bound", c, c.elapsed_s);
-      if (o.on_improvement) o.on_improvement(c);
+    if (u.value() < c->upper_bound.value()) {
+      c->upper_bound = u;
+      c->pieces_explored = explored;
+      c->open_pieces = open;
+      c->elapsed_s = clock.Elapsed();
+      Progress(o, "branch_and_bound", *c, c->elapsed_s);
+      if (o.on_improvement) o.on_improvement(*c);
     }
   };
-  {
-    const auto t = Clock::now();
-    const BranchAndBoundResult r = BranchAndBound(L, set, c.lower_bound, bb);
-    record("branch_and_bound", r.upper, Since(t), std::to_string(r.pieces_explored) + " pieces");
-    c.pieces_explored = r.pieces_explored;
-    c.open_pieces = r.open_pieces;
-    c.status = r.tolerance_reached ? CertificateStatus::kTolerance
-               : r.exhausted      ? CertificateStatus::kExhausted
-                                  : CertificateStatus::kTimeLimit;
-  }
-  if (c.upper_bound.value() <= MulDown(c.lower_bound.value(), 1 + o.tolerance)) c.status = CertificateStatus::kTolerance;
+  const auto [r, seconds] = Timed([&] { return BranchAndBound(L, set, c->lower_bound, bb); });
+  Record(c, "branch_and_bound", r.upper, seconds, std::to_string(r.pieces_explored) + " pieces");
+  c->pieces_explored = r.pieces_explored;
+  c->open_pieces = r.open_pieces;
+  c->status = r.tolerance_reached ? CertificateStatus::kTolerance
+              : r.exhausted      ? CertificateStatus::kExhausted
+                                 : CertificateStatus::kTimeLimit;
+}
 
-  // 5. The residual sublayer: certified invertible where Lip(g) < 1.
-  if (L.residual()) {
-    BoundOptions g = bo;
-    g.exclude_residual = true;
-    Invertibility inv;
-    // The block-norm bound is cheap; the centred one only if it fits in the time left
-    // (it takes about as long as it took in step 3).
-    inv.lip_g_upper = BlockNormUpperBound(L, cover, g);
-    const bool dense = o.norm == NormKind::kL2 && long(set.center.size()) <= o.dense_limit;
-    if (dense && Since(start) + centred_seconds <= o.time_limit_s)
-      inv.lip_g_upper = Min(inv.lip_g_upper, CentredUpperBound(L, cover, g));
-    inv.certified = inv.lip_g_upper.value() < 1;
-    if (inv.certified) inv.bi_lipschitz_lower = LowerBound(SubDown(1.0, inv.lip_g_upper.value()));
-    inv.bi_lipschitz_upper = Min(c.upper_bound, UpperBound(AddUp(1.0, inv.lip_g_upper.value())));
-    c.invertibility = inv;
-  }
-  c.elapsed_s = Since(start);
+// 5. The residual sublayer X + g(X) is certified invertible on the set where Lip(g) < 1.
+void CertifyInvertibility(const AttentionLayer& L, const TokenCover& cover, const CertifyOptions& o,
+                          double centred_seconds, const RunClock& clock, Certificate* c) {
+  BoundOptions g = BoundOptionsOf(o);
+  g.exclude_residual = true;
+  Invertibility inv;
+  // The block-norm bound is cheap; the centred one only if it fits in the time left (it
+  // takes about as long as it took in stage 3).
+  inv.lip_g_upper = BlockNormUpperBound(L, cover, g);
+  if (CentredRefusal(cover, o).empty() && centred_seconds <= clock.Left())
+    inv.lip_g_upper = Min(inv.lip_g_upper, CentredUpperBound(L, cover, g));
+  inv.certified = inv.lip_g_upper.value() < 1;
+  if (inv.certified) inv.bi_lipschitz_lower = LowerBound(SubDown(1.0, inv.lip_g_upper.value()));
+  inv.bi_lipschitz_upper = Min(c->upper_bound, UpperBound(AddUp(1.0, inv.lip_g_upper.value())));
+  c->invertibility = inv;
+}
+
+}  // namespace
+
+Certificate Certify(const AttentionLayer& L, const InputSet& set, const CertifyOptions& o,
+                    const Provenance& provenance, WitnessData* witness) {
+  if (const std::string e = o.IsValid(); !e.empty()) throw std::invalid_argument(e);
+  if (const std::string e = ValidateLayer(L); !e.empty()) throw std::invalid_argument(e);
+  if (set.width() != L.d_model) throw std::invalid_argument("centre: width does not match the layer's d_model");
+  if (!(set.radius >= 0) || !std::isfinite(set.radius)) throw std::invalid_argument("radius: must be finite and >= 0");
+  const RunClock clock(o.time_limit_s);
+  Certificate c = Skeleton(L, set, o, provenance);
+  const TokenCover cover = CoverOf(set);
+
+  RunClosedForms(L, set, o, &c);
+  RunSearch(L, set, o, o.time_limit_s * o.search.share, &c, witness);
+  Progress(o, "search", c, clock.Elapsed());
+  const double root_seconds = RunStructuredEngines(L, cover, o, clock, &c);
+  RunBranchAndBound(L, set, o, root_seconds, clock, &c);
+  if (c.upper_bound.value() <= MulDown(c.lower_bound.value(), 1 + o.tolerance)) c.status = CertificateStatus::kTolerance;
+  if (L.residual()) CertifyInvertibility(L, cover, o, root_seconds, clock, &c);
+
+  c.elapsed_s = clock.Elapsed();
   Progress(o, "done", c, c.elapsed_s);
   return c;
 }

@@ -1,29 +1,56 @@
-// lipcert's main job, in one function a reader can follow:
-//   closed-form baselines -> witnessed lower bound (search) -> structured engines
-//   -> branch and bound -> certificate.
+// lipcert's certification, in one function a reader can follow (Certify below):
+//   closed-form baselines -> witnessed lower bound (search) -> structured bound engines
+//   -> branch and bound -> residual invertibility -> certificate.
+// certify/pipeline.h puts loading and the input set in front of it.
 #pragma once
 
+#include <cstdint>
 #include <functional>
+#include <string>
 
 #include "certify/certificate.h"
+#include "certify/search.h"
 #include "models/attention_layer.h"
 
 namespace lipcert {
 
-struct CertifyOptions {
-  NormKind norm = NormKind::kL2;
-  double time_limit_s = 30;     // the whole run, wall clock
-  double search_share = 0.3;    // share of the time limit spent on the lower-bound search
-  double tolerance = 0.01;      // stop when upper <= (1 + tolerance) * lower
-  int dense_limit = 4096;       // centred engine on layers with N*D up to this
-  uint64_t seed = 1;            // the search's randomness
-  int threads = 0;              // 0: all cores
-  bool progress = false;        // progress lines on stderr
-  // Called with every improved certificate (anytime: the CLI writes it atomically).
-  std::function<void(const Certificate&)> on_improvement;
+// The lower-bound search stage.
+struct SearchStageOptions {
+  double share = 0.3;           // share of the time limit spent on the search
+  int max_rounds = 0;           // rounds of (candidates -> ascent); 0: until its time is up
+  std::string IsValid() const;  // "" or a message naming the field
 };
 
-// Returns "" when valid, else a message naming the bad field.
+// The structured bound engines (block-norm, centred) on the whole set.
+struct EngineStageOptions {
+  int dense_limit = 4096;       // the centred engine forms J(X0) densely up to this N*D
+  std::string IsValid() const;
+};
+
+// Branch and bound with the time that is left.
+struct BranchStageOptions {
+  int max_pieces = 100000;      // pieces bounded, at most (a work budget)
+  std::string IsValid() const;
+};
+
+struct CertifyOptions {
+  NormKind norm = NormKind::kL2;
+  double time_limit_s = 30;     // the whole run, wall clock; every stage checks it
+  double tolerance = 0.01;      // stop when upper <= (1 + tolerance) * lower
+  uint64_t seed = 1;            // the search's randomness
+  int threads = 0;              // worker threads for every stage; 0: all cores
+  bool progress = false;        // progress lines on stderr
+  SearchStageOptions search;
+  EngineStageOptions engines;
+  BranchStageOptions branch_and_bound;
+  // Called with every improved certificate, status in_progress (anytime: the CLI writes
+  // it atomically, so a run killed at any moment leaves its best certificate so far).
+  std::function<void(const Certificate&)> on_improvement;
+  // "" when valid, else a message naming the bad field ("search.share: ...").
+  std::string IsValid() const;
+};
+
+// Returns "" when valid, else a message naming the bad field (CertifyOptions::IsValid).
 std::string ValidateCertifyOptions(const CertifyOptions& opts);
 
 // The witness of the lower bound (the input X* and the direction v).
