@@ -159,6 +159,19 @@ double RunStructuredEngines(const AttentionLayer& L, const TokenCover& cover, co
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
+// The search's time: what each later stage can still gain decides it. Branch and bound
+// splits the set's box hull one coordinate at a time, which pays only on low-dimensional
+// sets (few tokens and coordinates); elsewhere the root bound is all it can give in the
+// time, and the search, which keeps improving with time, gets what is left. At least
+// search.share of the limit either way; the residual stage's block-norm bound is kept
+// in reserve.
+double SearchSeconds(const InputSet& set, const CertifyOptions& o, double root_seconds, const RunClock& clock) {
+  constexpr long kSplitPaysUpTo = 256;  // N*D at which splitting has helped on the zoo
+  const double left = std::max(0.0, clock.Left() - root_seconds);
+  const double share = long(set.center.size()) <= kSplitPaysUpTo ? 0.5 * left : left;
+  return std::max(std::min(o.time_limit_s * o.search.share, clock.Left()), share);
+}
+
 // 4. Branch and bound over the set with the time that is left.
 void RunBranchAndBound(const AttentionLayer& L, const InputSet& set, const CertifyOptions& o,
                        double root_seconds, const RunClock& clock, Certificate* c) {
@@ -219,9 +232,10 @@ Certificate Certify(const AttentionLayer& L, const InputSet& set, const CertifyO
   const TokenCover cover = CoverOf(set);
 
   RunClosedForms(L, set, o, &c);
-  RunSearch(L, set, o, o.time_limit_s * o.search.share, &c, witness);
-  Progress(o, "search", c, clock.Elapsed());
   const double root_seconds = RunStructuredEngines(L, cover, o, clock, &c);
+  RunSearch(L, set, o, SearchSeconds(set, o, root_seconds, clock), &c, witness);
+  Progress(o, "search", c, clock.Elapsed());
+  if (o.on_improvement) o.on_improvement(c);
   RunBranchAndBound(L, set, o, root_seconds, clock, &c);
   if (c.upper_bound.value() <= MulDown(c.lower_bound.value(), 1 + o.tolerance)) c.status = CertificateStatus::kTolerance;
   if (L.residual()) CertifyInvertibility(L, cover, o, root_seconds, clock, &c);

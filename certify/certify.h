@@ -1,6 +1,7 @@
 // lipcert's certification, in one function a reader can follow (Certify below):
-//   closed-form baselines -> witnessed lower bound (search) -> structured bound engines
-//   -> branch and bound -> residual invertibility -> certificate.
+//   closed-form baselines -> structured bound engines on the whole set -> witnessed lower
+//   bound (search, with the time the later stages cannot use) -> branch and bound ->
+//   residual invertibility -> certificate.
 // certify/pipeline.h puts loading and the input set in front of it.
 #pragma once
 
@@ -16,7 +17,8 @@ namespace lipcert {
 
 // The lower-bound search stage.
 struct SearchStageOptions {
-  double share = 0.3;           // share of the time limit spent on the search
+  double share = 0.3;           // the least share of the time limit the search gets (it also
+                                // gets the time branch and bound cannot use)
   int max_rounds = 0;           // rounds of (candidates -> ascent); 0: until its time is up
   std::string IsValid() const;  // "" or a message naming the field
 };

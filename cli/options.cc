@@ -30,7 +30,7 @@ void AddCertifyOptions(CLI::App* app, CertifyArgs* a) {
   app->add_option("--norm", a->norm, "2 (Frobenius, spectral norm of J) or inf");
   app->add_option("--time-limit", r.options.time_limit_s, "seconds for the whole run");
   app->add_option("--tolerance", r.options.tolerance, "stop when upper <= (1 + tolerance) lower");
-  app->add_option("--search-share", r.options.search.share, "share of the time spent on the lower-bound search");
+  app->add_option("--search-share", r.options.search.share, "least share of the time limit for the lower-bound search");
   app->add_option("--seed", r.options.seed, "seed of the lower-bound search");
   app->add_option("--threads", r.options.threads, "worker threads for every stage (0: all cores)");
   app->add_option("--json", a->json_out, "write the certificate here (atomically, updated as it improves)");
