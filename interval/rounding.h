@@ -10,8 +10,9 @@
 //     wider in the subnormal range where it is not. Nothing depends on the rounding
 //     mode of the calling thread, so the functions are safe in any thread and immune to
 //     compilers moving operations across fesetround (GCC bug 34678).
-//   * Entry points that run floating-point kernels whose error analysis assumes
-//     round-to-nearest (GEMM, Cholesky) check the mode with RequireRoundToNearest().
+//   * The calling thread must round to nearest with gradual underflow (no FTZ/DAZ). The
+//     entry points of interval/ establish that with ScopedSoundFpEnvironment
+//     (interval/fp_environment.h); RequireRoundToNearest() asserts it.
 #pragma once
 
 #if defined(__FAST_MATH__)
@@ -52,7 +53,8 @@ inline constexpr double kExactErrorThreshold = 0x1p-900;
 // One string for the certificate: which rounding model produced the numbers.
 const char* RoundingModelName();
 
-// Aborts (in every build type) when the calling thread is not in round-to-nearest.
+// Aborts (in every build type) when the calling thread is not in round-to-nearest or has
+// flush-to-zero / denormals-are-zero on (FpEnvironment::IsSound()).
 void RequireRoundToNearest();
 
 // Keeps the compiler from reasoning about v (CGAL-style opacification).
