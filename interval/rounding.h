@@ -2,14 +2,15 @@
 //
 // Rounding model (docs/rounding-model.md has the proofs and the platform assumptions):
 //   * Every double operation in this project is evaluated in IEEE 754 binary64,
-//     round-to-nearest-even (the default mode; lipcert never calls fesetround).
+//     round-to-nearest-even (the default mode; lipcert calls fesetround only to restore
+//     it, interval/fp_environment.h).
 //   * A directed result is obtained from the round-to-nearest result plus an exact
 //     error term (TwoSum for + and -, FMA for x, / and sqrt): if the error is positive
 //     (negative) the result is stepped one ulp up (down). The result is the correctly
 //     rounded upward (downward) value wherever the error term is exact, and one ulp
-//     wider in the subnormal range where it is not. Nothing depends on the rounding
-//     mode of the calling thread, so the functions are safe in any thread and immune to
-//     compilers moving operations across fesetround (GCC bug 34678).
+//     wider in the subnormal range where it is not. No mode is switched around an
+//     operation, so the functions are immune to compilers moving operations across
+//     fesetround (GCC bug 34678).
 //   * The calling thread must round to nearest with gradual underflow (no FTZ/DAZ). The
 //     entry points of interval/ establish that with ScopedSoundFpEnvironment
 //     (interval/fp_environment.h); RequireRoundToNearest() asserts it.
