@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <bit>
 #include <cfenv>
 #include <cstdint>
 #include <stdexcept>
@@ -16,8 +17,10 @@
 
 #include "interval/elementary.h"
 #include "interval/interval_matrix.h"
+#include "interval/norms.h"
 #include "interval/parallel.h"
 #include "interval/rounding.h"
+#include "interval/softmax.h"
 #include "tests/interval/interval_test_util.h"
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -196,6 +199,45 @@ TEST(FpEnvironmentTest, IntervalMatrixEntryPointsAreCorrectUnderFtzDaz) {
       ++checked;
     }
   EXPECT_EQ(checked, 4);
+}
+
+// Softmax ranges and norm bounds are guarded entry points: in a thread with FTZ, DAZ
+// and upward rounding they return the same bits as in a sound thread (whose results the
+// softmax and norm tests check against MPFR and witnesses), also where the exponentials
+// and the data are subnormal.
+TEST(FpEnvironmentTest, SoftmaxAndNormsGiveTheSameBitsInASpoiledThread) {
+  Eigen::VectorXd l(4), u(4);
+  l << 0.0, -740.0, -744.0, -20.0;  // e^-740 ~ 2^-1067.6: subnormal terms
+  u << 0.5, -739.0, -743.5, -19.0;
+  Eigen::MatrixXd m(3, 3);
+  m << 1.0, 0x1p-1050, -2.0, 0x1p-1070, 3.0, 0.5, -1.0, 7 * 0x1p-1074, 2.0;
+  const ProbabilityBounds clean = SoftmaxRange(l, u);
+  const UpperBound clean_norm = NormL2Upper(m), clean_crude = NormL2UpperCrude(m);
+  const LowerBound clean_lower = NormL2Lower(m);
+  ProbabilityBounds spoiled;
+  double spoiled_norm = 0, spoiled_crude = 0, spoiled_lower = 0;
+  InThread([&] {
+    SetFlush(kFtz | kDaz);
+    std::fesetround(FE_UPWARD);
+    spoiled = SoftmaxRange(l, u);
+    spoiled_norm = NormL2Upper(m).value();
+    spoiled_crude = NormL2UpperCrude(m).value();
+    spoiled_lower = NormL2Lower(m).value();
+  });
+  // p_1 ~ e^-739 ~ 2^-1066: its upper bound is a subnormal DivUp (0 under FTZ: unsound).
+  EXPECT_GT(clean.hi[1], 0.0);
+  EXPECT_LT(clean.hi[1], 0x1p-1000);
+  int compared = 0;
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(std::bit_cast<std::uint64_t>(spoiled.lo[i]), std::bit_cast<std::uint64_t>(clean.lo[i])) << i;
+    EXPECT_EQ(std::bit_cast<std::uint64_t>(spoiled.hi[i]), std::bit_cast<std::uint64_t>(clean.hi[i])) << i;
+    ++compared;
+  }
+  EXPECT_EQ(compared, 4);
+  EXPECT_EQ(spoiled_norm, clean_norm.value());
+  EXPECT_EQ(spoiled_crude, clean_crude.value());
+  EXPECT_EQ(spoiled_lower, clean_lower.value());
+  EXPECT_LE(clean_lower.value(), clean_norm.value());
 }
 
 #endif  // LIPCERT_TEST_MXCSR
