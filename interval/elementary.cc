@@ -6,6 +6,8 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "interval/fp_environment.h"
+
 namespace lipcert {
 
 namespace {
@@ -152,6 +154,8 @@ Interval Log(const Interval& x, ExpBackend b) {
   return Interval::Unchecked(lo, LogUpper(x.hi, b));
 }
 
-NumericsTag CurrentNumericsTag(ExpBackend b) { return {RoundingModelName(), ExpBackendName(b)}; }
+NumericsTag CurrentNumericsTag(ExpBackend b) {
+  return {RoundingModelName(), ExpBackendName(b), FpEnvironmentRepairs()};
+}
 
 }  // namespace lipcert

@@ -13,6 +13,8 @@
 // RoundingModelName() (interval/rounding.h).
 #pragma once
 
+#include <cstdint>
+
 #include "interval/interval.h"
 
 namespace lipcert {
@@ -51,6 +53,10 @@ inline Interval Log(const Interval& x) { return Log(x, DefaultExpBackend()); }
 struct NumericsTag {
   const char* rounding_model;  // RoundingModelName()
   const char* exp_backend;     // ExpBackendName(b)
+  // FpEnvironmentRepairs() when the tag was taken (interval/fp_environment.h): a
+  // certificate whose count at the end exceeds the count at the start ran in a thread
+  // whose FTZ/DAZ or rounding mode had to be repaired.
+  std::uint64_t fp_environment_repairs;
 };
 NumericsTag CurrentNumericsTag(ExpBackend b);
 inline NumericsTag CurrentNumericsTag() { return CurrentNumericsTag(DefaultExpBackend()); }

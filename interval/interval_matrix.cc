@@ -4,7 +4,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <thread>
-#include <vector>
+
+#include "interval/fp_environment.h"
+#include "interval/parallel.h"
 
 namespace lipcert {
 
@@ -46,14 +48,11 @@ void Product(const Eigen::MatrixXd& a, const Eigen::MatrixXd& b, Eigen::MatrixXd
     return;
   }
   const Eigen::Index chunk = (b.cols() + workers - 1) / workers;
-  auto part = [&](int w) {
+  // ParallelFor runs every part under the rounding model's environment.
+  ParallelFor(workers, workers, [&](int w, int) {
     const Eigen::Index c0 = w * chunk, width = std::min(chunk, b.cols() - c0);
     if (width > 0) out->middleCols(c0, width).noalias() = a * b.middleCols(c0, width);
-  };
-  std::vector<std::thread> pool;
-  for (int w = 1; w < workers; ++w) pool.emplace_back(part, w);
-  part(0);
-  for (auto& t : pool) t.join();
+  });
 }
 
 // The radius term of docs/rounding-model.md, eq. (R):
@@ -62,7 +61,7 @@ void Product(const Eigen::MatrixXd& a, const Eigen::MatrixXd& b, Eigen::MatrixXd
 // am: midpoint of A; ar: radius of A or nullptr (point); likewise bm, br.
 IntervalMatrix MulCore(const Eigen::MatrixXd& am, const Eigen::MatrixXd* ar,
                        const Eigen::MatrixXd& bm, const Eigen::MatrixXd* br) {
-  RequireRoundToNearest();
+  const ScopedSoundFpEnvironment fp_guard;  // docs/rounding-model.md, run-time environment
   CheckInner(am.cols(), bm.rows());
   const Eigen::Index k = am.cols();
   const double gamma = GammaUp(static_cast<double>(k));
@@ -132,6 +131,7 @@ IntervalMatrix IntervalMatrix::Point(const Eigen::MatrixXd& m) {
 
 IntervalMatrix IntervalMatrix::FromBounds(const Eigen::MatrixXd& lo, const Eigen::MatrixXd& hi) {
   if (lo.rows() != hi.rows() || lo.cols() != hi.cols()) Die("FromBounds: shapes differ");
+  const ScopedSoundFpEnvironment fp_guard;  // docs/rounding-model.md, run-time environment
   IntervalMatrix c;
   c.mid.resize(lo.rows(), lo.cols());
   c.rad.resize(lo.rows(), lo.cols());
@@ -200,6 +200,7 @@ IntervalMatrix GramEnclosure(const IntervalMatrix& a) {
 namespace {
 IntervalMatrix AddSub(const IntervalMatrix& a, const IntervalMatrix& b, double sign) {
   if (a.rows() != b.rows() || a.cols() != b.cols()) Die("operator+/-: shapes differ");
+  const ScopedSoundFpEnvironment fp_guard;  // docs/rounding-model.md, run-time environment
   IntervalMatrix c;
   c.mid.resize(a.rows(), a.cols());
   c.rad.resize(a.rows(), a.cols());
@@ -221,6 +222,7 @@ IntervalMatrix operator+(const IntervalMatrix& a, const IntervalMatrix& b) { ret
 IntervalMatrix operator-(const IntervalMatrix& a, const IntervalMatrix& b) { return AddSub(a, b, -1.0); }
 
 IntervalMatrix Scale(const Interval& s, const IntervalMatrix& a) {
+  const ScopedSoundFpEnvironment fp_guard;  // docs/rounding-model.md, run-time environment
   Eigen::MatrixXd lo(a.rows(), a.cols()), hi(a.rows(), a.cols());
   for (Eigen::Index j = 0; j < a.cols(); ++j)
     for (Eigen::Index i = 0; i < a.rows(); ++i) {
@@ -239,6 +241,7 @@ Interval Dot(const IntervalMatrix& x, const IntervalMatrix& y) {
 
 IntervalMatrix SymmetrizeEnclosure(const IntervalMatrix& b) {
   if (b.rows() != b.cols()) Die("SymmetrizeEnclosure: not square");
+  const ScopedSoundFpEnvironment fp_guard;  // docs/rounding-model.md, run-time environment
   IntervalMatrix c = b;
   const Eigen::Index n = b.rows();
   for (Eigen::Index j = 0; j < n; ++j)

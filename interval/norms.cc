@@ -6,6 +6,8 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "interval/fp_environment.h"
+
 namespace lipcert {
 
 namespace {
@@ -17,6 +19,7 @@ namespace {
 
 // Upward sum of |a_ij| (+ r_ij) along rows (by_rows) or columns; returns the maximum.
 double MaxAbsSumUp(const Eigen::MatrixXd& m, const Eigen::MatrixXd* r, bool by_rows) {
+  const ScopedSoundFpEnvironment fp_guard;  // docs/rounding-model.md, run-time environment
   const Eigen::Index outer = by_rows ? m.rows() : m.cols();
   const Eigen::Index inner = by_rows ? m.cols() : m.rows();
   double best = 0.0;
@@ -34,6 +37,7 @@ double MaxAbsSumUp(const Eigen::MatrixXd& m, const Eigen::MatrixXd* r, bool by_r
 }
 
 double FrobeniusSquaredUp(const Eigen::MatrixXd& m, const Eigen::MatrixXd* r) {
+  const ScopedSoundFpEnvironment fp_guard;  // docs/rounding-model.md, run-time environment
   double s = 0.0;
   const Eigen::Index n = m.size();
   for (Eigen::Index i = 0; i < n; ++i) {
@@ -202,7 +206,7 @@ UpperBound NormL2UpperCrude(const IntervalMatrix& a) {
 UpperBound NormL2UpperNonneg(const Eigen::MatrixXd& a, const CollatzWielandtOptions& o) {
   CheckNonneg(a);
   if (a.size() == 0) return UpperBound(0.0);
-  RequireRoundToNearest();
+  const ScopedSoundFpEnvironment fp_guard;  // docs/rounding-model.md, run-time environment
   const double cw = CollatzWielandtUp(
       a.cols(), [&](const Eigen::VectorXd& x) { return MulNonnegUpT(a, MulNonnegUp(a, x)); },
       [&](const Eigen::VectorXd& x) -> Eigen::VectorXd { return a.transpose() * (a * x); },
@@ -214,7 +218,7 @@ UpperBound SpectralRadiusUpperNonneg(const Eigen::MatrixXd& n, const CollatzWiel
   CheckNonneg(n);
   if (n.rows() != n.cols()) Die("SpectralRadiusUpperNonneg: not square");
   if (n.size() == 0) return UpperBound(0.0);
-  RequireRoundToNearest();
+  const ScopedSoundFpEnvironment fp_guard;  // docs/rounding-model.md, run-time environment
   const double cw = CollatzWielandtUp(
       n.cols(), [&](const Eigen::VectorXd& x) { return MulNonnegUp(n, x); },
       [&](const Eigen::VectorXd& x) -> Eigen::VectorXd { return n * x; }, o.power_iterations);
@@ -226,7 +230,7 @@ UpperBound SpectralRadiusUpperNonneg(const Eigen::MatrixXd& n, const CollatzWiel
 constexpr double kNegligibleRadius = 1e-9;
 
 UpperBound LambdaMaxUpper(const IntervalMatrix& b_in, const NormL2Options& o, NormL2Report* report) {
-  RequireRoundToNearest();
+  const ScopedSoundFpEnvironment fp_guard;  // docs/rounding-model.md, run-time environment
   if (b_in.rows() != b_in.cols()) Die("LambdaMaxUpper: not square");
   NormL2Report local;
   NormL2Report& rep = report ? *report : local;
@@ -296,6 +300,7 @@ UpperBound LambdaMaxUpper(const IntervalMatrix& b_in, const NormL2Options& o, No
 }
 
 UpperBound NormL2Upper(const Eigen::MatrixXd& a, const NormL2Options& o, NormL2Report* report) {
+  const ScopedSoundFpEnvironment fp_guard;  // docs/rounding-model.md, run-time environment
   if (a.size() == 0) return UpperBound(0.0);
   for (Eigen::Index i = 0; i < a.size(); ++i)
     if (!std::isfinite(a.data()[i])) return UpperBound(kInf);
@@ -334,6 +339,7 @@ UpperBound NormL2UpperImplicitPsd(Eigen::Index n,
                                   const std::function<void(const Eigen::VectorXd&, Eigen::VectorXd*)>& apply,
                                   double column_error, const NormL2Options& o) {
   if (!(column_error >= 0)) Die("NormL2UpperImplicitPsd: column_error must be >= 0");
+  const ScopedSoundFpEnvironment fp_guard;  // docs/rounding-model.md, run-time environment
   Eigen::MatrixXd mt(n, n);
   Eigen::VectorXd e = Eigen::VectorXd::Zero(n), y(n);
   for (Eigen::Index j = 0; j < n; ++j) {
@@ -352,6 +358,7 @@ UpperBound NormL2UpperImplicitPsd(Eigen::Index n,
 }
 
 LowerBound NormRatioLower(const Eigen::MatrixXd& a, const Eigen::VectorXd& v) {
+  const ScopedSoundFpEnvironment fp_guard;  // docs/rounding-model.md, run-time environment
   if (a.cols() != v.size()) Die("NormRatioLower: size mismatch");
   const IntervalMatrix av = Mul(a, Eigen::MatrixXd(v));
   double num2 = 0.0;
@@ -366,6 +373,7 @@ LowerBound NormRatioLower(const Eigen::MatrixXd& a, const Eigen::VectorXd& v) {
 }
 
 LowerBound NormL2Lower(const Eigen::MatrixXd& a, int power_iterations) {
+  const ScopedSoundFpEnvironment fp_guard;  // docs/rounding-model.md, run-time environment
   if (a.size() == 0) return LowerBound(0.0);
   for (Eigen::Index i = 0; i < a.size(); ++i)
     if (!std::isfinite(a.data()[i])) return LowerBound(0.0);

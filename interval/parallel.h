@@ -1,12 +1,15 @@
 // The project's one parallel-for over independent items (points, heads, rows).
-// Every worker thread runs its items under the rounding model's floating-point
-// environment (interval/fp_environment.h): certified arithmetic never runs in a thread
-// whose FTZ/DAZ or rounding mode some other code changed.
+// Every item, in a worker thread or in the calling thread, runs under
+// ScopedSoundFpEnvironment (interval/fp_environment.h): certified arithmetic never runs
+// in a thread whose FTZ/DAZ or rounding mode some other code changed (a repair is
+// counted in FpEnvironmentRepairs(), and the calling thread's state is put back after).
 #pragma once
 
 #include <atomic>
 #include <thread>
 #include <vector>
+
+#include "interval/fp_environment.h"
 
 namespace lipcert {
 
@@ -19,16 +22,21 @@ inline int WorkerCount(int requested, int items) {
 }
 
 // Calls fn(item, worker) for item in [0, items), with `workers` threads pulling items in
-// order from a shared counter. fn must not throw.
+// order from a shared counter. fn must not throw. Each call of fn has its own guard (a
+// few dozen cycles), so an item that changes the environment cannot affect the next.
 template <class Fn>
 void ParallelFor(int items, int workers, Fn&& fn) {
+  auto run = [&](int i, int worker) {
+    const ScopedSoundFpEnvironment fp_guard;
+    fn(i, worker);
+  };
   if (workers <= 1 || items <= 1) {
-    for (int i = 0; i < items; ++i) fn(i, 0);
+    for (int i = 0; i < items; ++i) run(i, 0);
     return;
   }
   std::atomic<int> next{0};
   auto body = [&](int worker) {
-    for (int i = next++; i < items; i = next++) fn(i, worker);
+    for (int i = next++; i < items; i = next++) run(i, worker);
   };
   std::vector<std::thread> pool;
   pool.reserve(workers - 1);

@@ -4,6 +4,8 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "interval/fp_environment.h"
+
 namespace lipcert {
 
 const char* RoundingModelName() {
@@ -13,11 +15,13 @@ const char* RoundingModelName() {
 }
 
 void RequireRoundToNearest() {
-  if (std::fegetround() != FE_TONEAREST) {
+  const FpEnvironment e = CurrentFpEnvironment();
+  if (!e.IsSound()) {
     std::fprintf(stderr,
-                 "lipcert: interval/ requires round-to-nearest in every thread, found "
-                 "rounding mode %d; aborting (certificates would be unsound)\n",
-                 std::fegetround());
+                 "lipcert: interval/ requires round-to-nearest with flush-to-zero and "
+                 "denormals-are-zero off in every thread, found %s; aborting (certificates "
+                 "would be unsound)\n",
+                 e.Describe().c_str());
     std::abort();
   }
 }

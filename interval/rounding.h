@@ -2,16 +2,18 @@
 //
 // Rounding model (docs/rounding-model.md has the proofs and the platform assumptions):
 //   * Every double operation in this project is evaluated in IEEE 754 binary64,
-//     round-to-nearest-even (the default mode; lipcert never calls fesetround).
+//     round-to-nearest-even (the default mode; lipcert calls fesetround only to restore
+//     it, interval/fp_environment.h).
 //   * A directed result is obtained from the round-to-nearest result plus an exact
 //     error term (TwoSum for + and -, FMA for x, / and sqrt): if the error is positive
 //     (negative) the result is stepped one ulp up (down). The result is the correctly
 //     rounded upward (downward) value wherever the error term is exact, and one ulp
-//     wider in the subnormal range where it is not. Nothing depends on the rounding
-//     mode of the calling thread, so the functions are safe in any thread and immune to
-//     compilers moving operations across fesetround (GCC bug 34678).
-//   * Entry points that run floating-point kernels whose error analysis assumes
-//     round-to-nearest (GEMM, Cholesky) check the mode with RequireRoundToNearest().
+//     wider in the subnormal range where it is not. No mode is switched around an
+//     operation, so the functions are immune to compilers moving operations across
+//     fesetround (GCC bug 34678).
+//   * The calling thread must round to nearest with gradual underflow (no FTZ/DAZ). The
+//     entry points of interval/ establish that with ScopedSoundFpEnvironment
+//     (interval/fp_environment.h); RequireRoundToNearest() asserts it.
 #pragma once
 
 #if defined(__FAST_MATH__)
@@ -52,7 +54,8 @@ inline constexpr double kExactErrorThreshold = 0x1p-900;
 // One string for the certificate: which rounding model produced the numbers.
 const char* RoundingModelName();
 
-// Aborts (in every build type) when the calling thread is not in round-to-nearest.
+// Aborts (in every build type) when the calling thread is not in round-to-nearest or has
+// flush-to-zero / denormals-are-zero on (FpEnvironment::IsSound()).
 void RequireRoundToNearest();
 
 // Keeps the compiler from reasoning about v (CGAL-style opacification).

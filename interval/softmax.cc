@@ -4,6 +4,8 @@
 #include <cstdlib>
 #include <vector>
 
+#include "interval/fp_environment.h"
+
 namespace lipcert {
 
 namespace {
@@ -15,6 +17,7 @@ namespace {
 
 ProbabilityBounds SoftmaxRange(const Eigen::VectorXd& l, const Eigen::VectorXd& u, Eigen::Index len,
                                ExpBackend b) {
+  const ScopedSoundFpEnvironment fp_guard;  // docs/rounding-model.md, run-time environment
   const Eigen::Index n = l.size();
   if (u.size() != n) Die("SoftmaxRange: l and u sizes differ");
   if (len < 1 || len > n) Die("SoftmaxRange: len out of range");

@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Builds and runs ONLY the interval/ tests under gcc and clang x {-O0, -O2, -O3 -march=native}
 # (separate build trees under build-matrix/), and checks that interval/rounding.h refuses
-# to compile under -ffast-math or without LIPCERT_ROUNDING_MATH. Exits non-zero on any
-# failure. Usage: scripts/interval-matrix.sh
+# to compile under -ffast-math or without LIPCERT_ROUNDING_MATH. Then the hostile build:
+# CMAKE_CXX_FLAGS="-ffast-math -Ofast" must configure with a warning, link without
+# crtfastmath.o and pass interval_tests; and a program linked with -ffast-math by hand
+# (FTZ/DAZ on from start-up) must get exact results through the run-time guard.
+# Exits non-zero on any failure. Usage: scripts/interval-matrix.sh
 #   LIPCERT_MATRIX_JOBS  parallel build jobs (default 2)
 #   LIPCERT_TEST_SCALE   scales the property-test counts (default 1; 0.25 for the -O0 builds)
 set -euo pipefail
@@ -47,5 +50,47 @@ for c in "${configs[@]}"; do
     echo "interval-matrix: FAIL: tests under $name $flags"; fail=1
   fi
 done
+# 3. The hostile build (gcc, one configuration): fast-math flags are stripped at configure
+#    time, so neither the compile nor the link sees them (docs/rounding-model.md).
+if command -v g++ >/dev/null; then
+  dir="build-matrix/gcc-fastmath"
+  echo "=== gcc -ffast-math -Ofast -> $dir"
+  if ! cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_COMPILER=g++ \
+        -DCMAKE_CXX_FLAGS="-ffast-math -Ofast" -DLIPCERT_NATIVE=OFF -DLIPCERT_BENCH=OFF \
+        -DLIPCERT_CUDA=OFF >"$dir.configure.log" 2>&1; then
+    echo "interval-matrix: FAIL: configure ($dir.configure.log)"; fail=1
+  fi
+  if [[ -f "$dir/build.ninja" ]]; then
+    # The first configure warns and rewrites the cache entry; later ones find it clean.
+    if grep -E "^CMAKE_CXX_FLAGS:" "$dir/CMakeCache.txt" | grep -qE -- "-ffast-math|-Ofast"; then
+      echo "interval-matrix: FAIL: fast-math left in CMAKE_CXX_FLAGS of $dir"; fail=1
+    fi
+    if ! cmake --build "$dir" --target interval_tests -j"$jobs" >"$dir.build.log" 2>&1; then
+      echo "interval-matrix: FAIL: build ($dir.build.log)"; tail -20 "$dir.build.log"; fail=1
+    else
+      if nm "$dir/tests/interval_tests" | grep -q set_fast_math; then
+        echo "interval-matrix: FAIL: $dir/tests/interval_tests links crtfastmath.o"; fail=1
+      else
+        echo "interval-matrix: ok: no crtfastmath.o in the -ffast-math -Ofast build"
+      fi
+      if ! "$dir/tests/interval_tests" --gtest_brief=1; then
+        echo "interval-matrix: FAIL: tests under gcc -ffast-math -Ofast"; fail=1
+      fi
+      # A program linked with -ffast-math by hand: the guard must repair FTZ/DAZ.
+      probe="$dir/fastmath_link_probe"
+      if g++ -std=c++20 -O2 -I. -frounding-math -fno-fast-math -DLIPCERT_ROUNDING_MATH=1 \
+           -c tests/interval/fastmath_link_probe.cc -o "$probe.o" &&
+         g++ -ffast-math "$probe.o" "$dir/liblipcert_interval.a" -pthread -o "$probe"; then
+        set +e; "$probe"; rc=$?; set -e
+        if ((rc == 77)); then echo "interval-matrix: skip: -ffast-math link left FTZ/DAZ off here"
+        elif ((rc != 0)); then echo "interval-matrix: FAIL: guard under a -ffast-math link"; fail=1
+        else echo "interval-matrix: ok: guard repairs FTZ/DAZ of a -ffast-math link"; fi
+      else
+        echo "interval-matrix: FAIL: could not build the -ffast-math link probe"; fail=1
+      fi
+    fi
+  fi
+fi
+
 if ((fail)); then echo "interval-matrix: FAILED"; exit 1; fi
 echo "interval-matrix: all configurations passed"
