@@ -66,7 +66,9 @@ nlohmann::json ToJson(const Certificate& c) {
                           {"bi_lipschitz_lower", Num(inv.bi_lipschitz_lower.value())},
                           {"bi_lipschitz_upper", Num(inv.bi_lipschitz_upper.value())}};
   }
-  j["numerics"] = {{"rounding_model", c.rounding_model}, {"exp_backend", c.exp_backend}};
+  j["numerics"] = {{"rounding_model", c.rounding_model},
+                   {"exp_backend", c.exp_backend},
+                   {"fp_environment_repaired", c.fp_environment_repaired}};
   j["status"] = CertificateStatusToString(c.status);
   j["branch_and_bound"] = {{"pieces_explored", c.pieces_explored}, {"open_pieces", c.open_pieces}};
   j["elapsed_s"] = c.elapsed_s;

@@ -70,6 +70,10 @@ struct Certificate {
   WitnessSummary witness;
   std::optional<Invertibility> invertibility;
   std::string rounding_model, exp_backend;
+  // The floating-point environment (rounding mode, FTZ/DAZ) was not the rounding model's
+  // when the run started or in a worker, and was restored before any certified arithmetic
+  // (interval/fp_environment.h). The numbers stand either way; this says it happened.
+  bool fp_environment_repaired = false;
   CertificateStatus status = CertificateStatus::kTimeLimit;
   double elapsed_s = 0;
   int pieces_explored = 0, open_pieces = 0;

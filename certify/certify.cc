@@ -10,6 +10,7 @@
 #include "certify/closed_form.h"
 #include "certify/jacobian_bounds.h"
 #include "interval/elementary.h"
+#include "interval/fp_environment.h"
 
 namespace lipcert {
 
@@ -223,6 +224,10 @@ void CertifyInvertibility(const AttentionLayer& L, const TokenCover& cover, cons
 
 Certificate Certify(const AttentionLayer& L, const InputSet& set, const CertifyOptions& o,
                     const Provenance& provenance, WitnessData* witness) {
+  // Certified arithmetic needs round-to-nearest with FTZ/DAZ off: repaired here (and in
+  // every ParallelFor worker) if other code changed it, and recorded in the certificate.
+  const auto repairs_before = FpEnvironmentRepairs();
+  const ScopedSoundFpEnvironment fp_guard;
   if (const std::string e = o.IsValid(); !e.empty()) throw std::invalid_argument(e);
   if (const std::string e = ValidateLayer(L); !e.empty()) throw std::invalid_argument(e);
   if (set.width() != L.d_model) throw std::invalid_argument("centre: width does not match the layer's d_model");
@@ -240,6 +245,7 @@ Certificate Certify(const AttentionLayer& L, const InputSet& set, const CertifyO
   if (c.upper_bound.value() <= MulDown(c.lower_bound.value(), 1 + o.tolerance)) c.status = CertificateStatus::kTolerance;
   if (L.residual()) CertifyInvertibility(L, cover, o, root_seconds, clock, &c);
 
+  c.fp_environment_repaired = fp_guard.repaired() || FpEnvironmentRepairs() > repairs_before;
   c.elapsed_s = clock.Elapsed();
   Progress(o, "done", c, c.elapsed_s);
   return c;

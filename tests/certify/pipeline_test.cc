@@ -7,6 +7,10 @@
 
 #include <cmath>
 #include <string>
+#include <thread>
+#if defined(__x86_64__)
+#include <xmmintrin.h>
+#endif
 
 #include "models/errors.h"
 
@@ -114,6 +118,43 @@ TEST(RunJobTest, IntermediateCertificatesAreInProgress) {
   EXPECT_GE(calls, 1);
   EXPECT_NE(ToJson(c)["status"], "in_progress");
 }
+
+}  // namespace
+}  // namespace lipcert
+
+namespace lipcert {
+namespace {
+
+#if defined(__x86_64__)
+// A thread whose MXCSR has FTZ and DAZ set (as crtfastmath.o or a library would leave it)
+// still certifies soundly: the pipeline restores the rounding model's environment,
+// records it, and gives the same bound bits as a clean thread.
+TEST(RunJobTest, FlushToZeroThreadIsRepairedAndRecorded) {
+  CertifyRequest r = ZooRequest();
+  r.options.time_limit_s = 1;
+  r.options.search.max_rounds = 1;
+  const PreparedJob job = PrepareJob(r);
+  const Certificate clean = RunJob(job).certificate;
+  EXPECT_FALSE(clean.fp_environment_repaired);
+  Certificate spoiled;
+  std::thread t([&] {
+    _mm_setcsr(_mm_getcsr() | (1u << 15) | (1u << 6));  // FTZ | DAZ
+    spoiled = RunJob(job).certificate;
+  });
+  t.join();
+  EXPECT_TRUE(spoiled.fp_environment_repaired);
+  EXPECT_EQ(ToJson(spoiled)["numerics"]["fp_environment_repaired"], true);
+  // The block-norm engine is deterministic: the same bits in both threads.
+  auto block = [](const Certificate& c) {
+    for (const EngineResult& e : c.engines)
+      if (e.name == "block_norm") return e.upper.value();
+    return -1.0;
+  };
+  ASSERT_GT(block(clean), 0);
+  EXPECT_EQ(block(clean), block(spoiled));
+  EXPECT_LE(spoiled.lower_bound.value(), spoiled.upper_bound.value());
+}
+#endif
 
 }  // namespace
 }  // namespace lipcert
