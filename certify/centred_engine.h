@@ -17,13 +17,16 @@ namespace lipcert {
 // callers ask it before calling CentredBound.
 std::string CentredEngineRefusal(const AttentionLayer& layer, int tokens, const BoundOptions& opts);
 
-// Predicted floating-point operations of CentredBound on `tokens` tokens (dominated by the
-// (N D)^3 norm certificate of the dense Jacobian). Cheap: arithmetic on the sizes only.
+// Predicted operations of CentredBound on `tokens` tokens: about 1e4 (N D)^2 (the dense
+// ND x ND enclosure and its norm certificate; measured, see docs/engines.md "Engine
+// cost") plus the (N D)^3 / 3 of the Cholesky and the LayerNorm composition. Cheap:
+// arithmetic on the sizes only.
 double CentredEngineCostEstimate(const AttentionLayer& layer, int tokens);
 
-// The measured rate of CentredBound in these flops (docs/engines.md, "Engine cost"), and
-// the predicted seconds at a rate.
-inline constexpr double kCentredEngineFlopsPerSecond = 5e9;
+// The rate of CentredBound in these operations, measured on 2 shared cores (dot layers,
+// 4 heads, N D = 256 ... 2048: within 15% of the measured seconds), and the predicted
+// seconds at a rate.
+inline constexpr double kCentredEngineFlopsPerSecond = 1.1e9;
 double CentredEngineSecondsEstimate(const AttentionLayer& layer, int tokens,
                                     double flops_per_second = kCentredEngineFlopsPerSecond);
 
