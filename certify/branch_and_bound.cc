@@ -4,11 +4,14 @@
 #include <cmath>
 #include <queue>
 
+#include "certify/block_norm_engine.h"
+#include "certify/centred_engine.h"
+
 namespace lipcert {
 
 UpperBound BestStructuredBound(const AttentionLayer& layer, const TokenCover& cover, const BoundOptions& opts) {
   UpperBound best = BlockNormUpperBound(layer, cover, opts);
-  if (opts.norm == NormKind::kL2 && long(cover.center.size()) <= opts.dense_limit)
+  if (CentredEngineRefusal(layer, int(cover.center.rows()), opts).empty())
     best = Min(best, CentredUpperBound(layer, cover, opts));
   return best;
 }
@@ -42,7 +45,7 @@ TokenCover CoverOfPiece(const InputSet& set, const Eigen::MatrixXd& lo, const Ei
       moved2 = AddUp(moved2, MulUp(r, r));
     }
   }
-  c.frobenius = SqrtUp(AddUp(MulUp(whole.frobenius, whole.frobenius), moved2));
+  c.frobenius = UpperBound(SqrtUp(AddUp(MulUp(whole.frobenius.value(), whole.frobenius.value()), moved2)));
   return c;
 }
 
@@ -96,6 +99,10 @@ BranchAndBoundResult BranchAndBound(const AttentionLayer& layer, const InputSet&
     root.upper = BestStructuredBound(layer, CoverOf(set), bo).value();
     piece_seconds = elapsed();
   }
+  // Pieces bounded after the time limit come back +inf from the engines (then the parent's
+  // bound stands); the root above ran without a deadline.
+  if (opts.time_limit_s < 1e9)
+    bo.deadline = start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(opts.time_limit_s));
   // A split bounds two pieces: only start one that can finish within the time limit.
   res.pieces_explored = 1;
   open.push(root);

@@ -7,7 +7,10 @@
 
 #include <functional>
 
-#include "certify/jacobian_bounds.h"
+#include "certify/engine_bound.h"
+#include "certify/input_set.h"
+#include "certify/token_cover.h"
+#include "models/attention_layer.h"
 
 namespace lipcert {
 
@@ -34,7 +37,8 @@ struct BranchAndBoundResult {
   bool exhausted = false;     // no piece left worth splitting (all at full resolution)
 };
 
-// Bound of one cover: the better of the block-norm and (norm 2, small enough) centred engines.
+// Bound of one cover: the better of the block-norm engine and, where CentredEngineRefusal
+// allows it, the centred engine.
 UpperBound BestStructuredBound(const AttentionLayer& layer, const TokenCover& cover, const BoundOptions& opts);
 
 BranchAndBoundResult BranchAndBound(const AttentionLayer& layer, const InputSet& set, LowerBound lower,

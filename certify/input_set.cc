@@ -2,6 +2,8 @@
 
 #include <cmath>
 
+#include "interval/rounding.h"
+
 namespace lipcert {
 
 const char* SetKindToString(SetKind k) {
@@ -65,7 +67,7 @@ double InputSet::TokenRadius() const {
   switch (kind) {
     case SetKind::kBall:
     case SetKind::kTokens: return radius;
-    case SetKind::kBox: return radius * std::sqrt(double(width())) * (1 + 1e-15);
+    case SetKind::kBox: return MulUp(radius, SqrtUp(double(width())));
   }
   return radius;
 }
@@ -73,8 +75,9 @@ double InputSet::TokenRadius() const {
 double InputSet::FrobeniusRadius() const {
   switch (kind) {
     case SetKind::kBall: return radius;
-    case SetKind::kTokens: return radius * std::sqrt(double(tokens())) * (1 + 1e-15);
-    case SetKind::kBox: return radius * std::sqrt(double(tokens()) * width()) * (1 + 1e-15);
+    case SetKind::kTokens: return MulUp(radius, SqrtUp(double(tokens())));
+    // tokens * width is exact in a double (both < 2^26).
+    case SetKind::kBox: return MulUp(radius, SqrtUp(double(tokens()) * double(width())));
   }
   return radius;
 }

@@ -1,0 +1,183 @@
+#include "certify/centred_engine.h"
+
+#include <algorithm>
+#include <stdexcept>
+#include <vector>
+
+#include "certify/dense_jacobian.h"
+#include "certify/head_factors.h"
+#include "certify/layer_norm_cover.h"
+#include "interval/norms.h"
+#include "interval/vector_norms.h"
+
+namespace lipcert {
+
+namespace {
+constexpr const char* kEngine = "centred";
+}  // namespace
+
+std::string CentredEngineRefusal(const AttentionLayer& layer, int tokens, const BoundOptions& opts) {
+  if (opts.norm != NormKind::kL2) return "norm 2 only";
+  const long nd = long(tokens) * layer.d_model;
+  if (nd > opts.dense_limit)
+    return "N*D = " + std::to_string(nd) + " exceeds dense_limit " + std::to_string(opts.dense_limit);
+  return "";
+}
+
+double CentredEngineCostEstimate(const AttentionLayer& layer, int tokens) {
+  const double n = tokens, d = layer.d_model, h = layer.heads, nd = n * d;
+  const double dk = layer.head_dim_qk, dv = layer.head_dim_v;
+  // Measured (docs/engines.md, "Engine cost"): the run time grows as (ND)^2 from ND = 256 to
+  // 2048, about 1e4 operations per entry of the ND x ND enclosure (its blocks and the
+  // norm certificate's products), the Cholesky's (ND)^3 / 3 still small there.
+  double flops = 1e4 * nd * nd + nd * nd * nd / 3;
+  // The LayerNorm composition: N interval products (ND x D) (D x D), three GEMMs each.
+  if (layer.layer_norm) flops += 6.0 * n * nd * d * d;
+  // Factor bounds per head (geometry GEMMs, logit boxes, the tangent plane, two covers).
+  flops += h * (2.0 * n * d * (2 * dk + dv) + 2.0 * d * d * (dk + dv) + 40.0 * n * n * (dk + d));
+  return flops;
+}
+
+double CentredEngineSecondsEstimate(const AttentionLayer& layer, int tokens, double flops_per_second) {
+  return CentredEngineCostEstimate(layer, tokens) / flops_per_second;
+}
+
+EngineBound CentredBound(const AttentionLayer& L, const TokenCover& cover, const BoundOptions& opts) {
+  const int n = int(cover.center.rows()), d = int(cover.center.cols());
+  const std::string refusal = CentredEngineRefusal(L, n, opts);
+  if (!refusal.empty()) throw std::invalid_argument("centred engine: " + refusal);
+  if (DeadlinePassed(opts)) return TimedOutBound(kEngine);
+  if (opts.deadline != std::chrono::steady_clock::time_point::max()) {
+    const double left = std::chrono::duration<double>(opts.deadline - std::chrono::steady_clock::now()).count();
+    const double predicted = CentredEngineSecondsEstimate(L, n);
+    if (predicted > left) {
+      EngineBound out = TimedOutBound(kEngine);
+      out.note = "centred: predicted " + std::to_string(predicted) + " s, above the " + std::to_string(left) +
+                 " s left before the deadline (not started)";
+      return out;
+    }
+  }
+  const NormKind p = NormKind::kL2;
+  const MhaInput in = MhaInputOver(L, cover, p);
+  std::vector<HeadGeometry> geo;
+  std::vector<FactorBounds> centre;
+  const Eigen::VectorXd zero = Eigen::VectorXd::Zero(n);
+  // sup ||J_M(z) - J_M(zc)|| <= kron + ||rd||, with rd the N x N block bounds.
+  double kron = 0;
+  Eigen::MatrixXd full = Eigen::MatrixXd::Zero(n, n), rd = Eigen::MatrixXd::Zero(n, n);
+  // Row sums of the block bounds of J(X) - J(X0) (columns scaled by ell), with the rows of
+  // dP and P0 on the simplex (see SimplexWeightedSumUp).
+  Eigen::VectorXd row_sum = Eigen::VectorXd::Zero(n);
+  for (int h = 0; h < L.heads; ++h) {
+    if (DeadlinePassed(opts)) return TimedOutBound(kEngine);
+    geo.push_back(HeadGeometryAt(L, h, in.zc, p));
+    const HeadGeometry& G = geo.back();
+    const FactorBounds F = HeadFactorBounds(G, in.rho_z, in.joint_z, L.causal);
+    centre.push_back(HeadFactorBounds(G, zero, 0.0, L.causal));
+    const FactorBounds& F0 = centre.back();
+    // w_ij >= |P_ij(X) - P_ij(X0)|.
+    Eigen::MatrixXd w(n, n);
+    for (int i = 0; i < n; ++i)
+      for (int j = 0; j < n; ++j)
+        w(i, j) = std::max({SubUp(F.p_hi(i, j), F0.p_lo(i, j)), SubUp(F0.p_hi(i, j), F.p_lo(i, j)), 0.0});
+    kron = AddUp(kron, MulUp(NonnegNormUp(w, PrimalNorm(p)), G.w_norm));
+    for (int i = 0; i < n; ++i) {
+      if (DeadlinePassed(opts)) return TimedOutBound(kEngine);
+      const int len = L.causal ? i + 1 : n;
+      const double rho_max = in.rho_z.head(len).maxCoeff();
+      // sum_k |P_ik - P0_ik| c_k <= the greedy sum with caps w_ik and total 2.
+      const Eigen::VectorXd w_i = w.row(i).transpose(), p0_i = F0.p_hi.row(i).transpose();
+      auto dp_sum = [&](const Eigen::MatrixXd& dist, int j) {
+        return SimplexWeightedSumUp(w_i, dist.row(j).transpose(), len, 2.0);
+      };
+      // Row i's terms, split by their weights (w or P0) for the row-sum bound below.
+      Eigen::VectorXd cw_t(len), cp_t(len), cw_e(len), cp_e(len);
+      double de = 0;
+      for (int j = 0; j < len; ++j) {
+        full(i, j) = AddUp(full(i, j), MulUp(w(i, j), G.w_norm));
+        // a_ij - a0_ij = du_j - dubar_i: ||.|| <= c_u (rho_j + max_k rho_k) + sum_k |dP_ik| ||u0_k - u0_j||.
+        const double da = AddUp(MulUp(G.c_u, AddUp(in.rho_z(j), rho_max)), dp_sum(G.du, j));
+        double dg, db;
+        if (G.dot) {
+          dg = MulUp(G.c_g, in.rho_z(i));
+          db = AddUp(MulUp(G.c_b, AddUp(in.rho_z(j), rho_max)), dp_sum(G.db, j));
+        } else {
+          dg = MulUp(2.0, MulUp(G.c_g, AddUp(in.rho_z(i), in.rho_z(j))));
+          db = MulUp(2.0, AddUp(MulUp(G.c_g, AddUp(in.rho_z(j), rho_max)), dp_sum(G.dg, j)));
+        }
+        // P a g^T - P0 a0 g0^T = dP a g^T + P0 da g^T + P0 a0 dg^T (and likewise with b).
+        cw_t(j) = MulUp(AddUp(G.w_norm, MulUp(F.a_sup(i, j), F.g_sup(i, j))), in.ell(j));
+        cp_t(j) = MulUp(AddUp(MulUp(da, F.g_sup(i, j)), MulUp(F0.a_sup(i, j), dg)), in.ell(j));
+        cw_e(j) = MulUp(MulUp(F.a_sup(i, j), F.b_sup(i, j)), in.ell(i));
+        cp_e(j) = MulUp(AddUp(MulUp(da, F.b_sup(i, j)), MulUp(F0.a_sup(i, j), db)), in.ell(i));
+        const double dt = AddUp(MulUp(w(i, j), MulUp(F.a_sup(i, j), F.g_sup(i, j))),
+                                MulUp(F0.p_hi(i, j), AddUp(MulUp(da, F.g_sup(i, j)), MulUp(F0.a_sup(i, j), dg))));
+        rd(i, j) = AddUp(rd(i, j), dt);
+        de = AddUp(de, AddUp(MulUp(w(i, j), MulUp(F.a_sup(i, j), F.b_sup(i, j))),
+                             MulUp(F0.p_hi(i, j), AddUp(MulUp(da, F.b_sup(i, j)), MulUp(F0.a_sup(i, j), db)))));
+      }
+      rd(i, i) = AddUp(rd(i, i), de);
+      const double row = AddUp(AddUp(SimplexWeightedSumUp(w_i, cw_t, len, 2.0), SimplexWeightedSumUp(p0_i, cp_t, len)),
+                               AddUp(SimplexWeightedSumUp(w_i, cw_e, len, 2.0), SimplexWeightedSumUp(p0_i, cp_e, len)));
+      row_sum(i) = AddUp(row_sum(i), row);
+    }
+  }
+  const double ell_max = in.ell.maxCoeff();
+  Eigen::MatrixXd all(n, n);
+  for (int i = 0; i < n; ++i)
+    for (int j = 0; j < n; ++j) all(i, j) = AddUp(full(i, j), rd(i, j));
+  double col_max = 0;
+  for (int j = 0; j < n; ++j) {
+    double s = 0;
+    for (int i = 0; i < n; ++i) s = AddUp(s, all(i, j));
+    col_max = std::max(col_max, MulUp(s, in.ell(j)));
+  }
+  // ||B||_2 <= sqrt(||B||_inf ||B||_1) for the block-bound matrix B.
+  const double schur = SqrtUp(MulUp(row_sum.maxCoeff(), col_max));
+  const double value_path = MulUp(kron, ell_max);
+  const double logit_path = ScaledNonnegNormUp(rd, in.ell, PrimalNorm(p));
+  const double split = AddUp(value_path, logit_path);
+  const double joint = ScaledNonnegNormUp(all, in.ell, PrimalNorm(p));
+  const double variation = std::min({split, joint, schur});
+  double delta = variation;
+  bool timed_out = false;
+  const IntervalMatrix jm = DenseMhaJacobian(L, geo, centre, n, d, opts.deadline, &timed_out);
+  if (timed_out) return TimedOutBound(kEngine);
+  IntervalMatrix j0 = jm;
+  double ln_variation = 0;
+  if (in.residual) {
+    // + ||J_M(zc)|| max_j ||J_LN(x_j) - J_LN(x0_j)||.
+    // (multiplied by a small variation: the crude sqrt(||.||_1 ||.||_inf) bound serves)
+    ln_variation = MulUp(NormL2UpperCrude(jm).value(), in.delta_ln.maxCoeff());
+    delta = AddUp(delta, ln_variation);
+    j0 = ComposeWithLayerNorm(jm, in.ln_jac, n, d, !opts.exclude_residual, opts.deadline, &timed_out);
+    if (timed_out) return TimedOutBound(kEngine);
+  }
+  if (DeadlinePassed(opts)) return TimedOutBound(kEngine);
+  const double centre_norm = NormL2UpperInterval(j0).value();
+  EngineBound out;
+  out.upper = UpperBound(AddUp(centre_norm, delta));
+  // upper = centre_norm + (variation + ln_variation), added in this order.
+  out.terms.push_back({"centre norm ||J(X0)||", UpperBound(centre_norm)});
+  const char* route = variation == split ? "variation sup ||J(X) - J(X0)|| (value path + logit path)"
+                      : variation == joint ? "variation sup ||J(X) - J(X0)|| (joint block-bound norm)"
+                                           : "variation sup ||J(X) - J(X0)|| (row and column sums)";
+  out.terms.push_back({route, UpperBound(variation)});
+  if (in.residual)
+    out.terms.push_back({"LayerNorm variation ||J_M(zc)|| max_j ||J_LN(x_j) - J_LN(x0_j)||", UpperBound(ln_variation)});
+  out.alternatives = {
+      {"variation, value path ||dP (x) W|| x LayerNorm factor max_j ell_j", UpperBound(value_path)},
+      {"variation, logit path and diagonal E_i: ||R diag(ell)||", UpperBound(logit_path)},
+      {"variation, value path + logit path", UpperBound(split)},
+      {"variation, joint block-bound norm", UpperBound(joint)},
+      {"variation, row and column sums", UpperBound(schur)},
+      {"LayerNorm factor max_j ell_j", UpperBound(ell_max)},
+  };
+  return out;
+}
+
+UpperBound CentredUpperBound(const AttentionLayer& layer, const TokenCover& cover, const BoundOptions& opts) {
+  return CentredBound(layer, cover, opts).upper;
+}
+
+}  // namespace lipcert

@@ -1,0 +1,56 @@
+// What the structured engines (certify/block_norm_engine.h, certify/centred_engine.h)
+// take and return: their options, and a certified bound with its breakdown by term.
+#pragma once
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+#include "certify/input_set.h"
+#include "interval/rounding.h"
+
+namespace lipcert {
+
+struct BoundOptions {
+  NormKind norm = NormKind::kL2;
+  // The centred engine refuses layers with N*D above this (it forms J(X0) densely).
+  int dense_limit = 4096;
+  // For the sublayer X + g(X): bound Lip(g) instead (drop the identity), as used to
+  // certify invertibility. No effect on a layer without LayerNorm.
+  bool exclude_residual = false;
+  // Engines check this in their long loops; once it has passed they stop and return
+  // upper = +inf with timed_out set (never a partial number). max(): no limit.
+  std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max();
+
+  // "" when valid, else a message naming the field.
+  std::string Validate() const;
+};
+
+// One named part of a certified bound.
+struct BoundTerm {
+  std::string name;
+  UpperBound value{kInf};
+};
+
+// A certified upper bound with the terms it is made of.
+//   terms:        the summands: upper == the sum of their values, added in order and
+//                 rounded up; each term is <= upper. This answers "which term dominates".
+//   alternatives: candidate bounds the engine compared for one summand (the smallest was
+//                 taken), and their parts; each is >= the summand it was a candidate for,
+//                 so it may exceed upper.
+// When the engine ran past opts.deadline: upper = +inf, timed_out, no terms.
+struct EngineBound {
+  UpperBound upper{kInf};
+  std::vector<BoundTerm> terms;
+  std::vector<BoundTerm> alternatives;
+  bool timed_out = false;
+  std::string note;  // why the bound is +inf (timeout), else ""
+};
+
+// The EngineBound of an engine stopped by its deadline.
+EngineBound TimedOutBound(const std::string& engine);
+
+// True once opts.deadline has passed.
+bool DeadlinePassed(const BoundOptions& opts);
+
+}  // namespace lipcert

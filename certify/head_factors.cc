@@ -1,0 +1,319 @@
+#include "certify/head_factors.h"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "certify/layer_norm_cover.h"
+#include "interval/elementary.h"
+#include "interval/norms.h"
+#include "interval/softmax.h"
+
+namespace lipcert {
+
+HeadGeometry HeadGeometryAt(const AttentionLayer& L, int h, const Eigen::MatrixXd& zc, NormKind p) {
+  HeadGeometry G;
+  G.dot = L.kind == AttentionKind::kDot;
+  const int n = int(zc.rows());
+  const Interval inv_sqrt_dk = Interval(1.0) / Sqrt(Interval(double(L.head_dim_qk)));
+  G.inv_sqrt_dk = inv_sqrt_dk;
+  const Eigen::MatrixXd wq = L.wq_head(h), wk = L.wk_head(h), wo = L.wo_head(h);
+  const Eigen::MatrixXd wv = L.wv_head(h);
+  auto add_bias = [n](IntervalMatrix m, const Eigen::VectorXd& bias, int off, int len) {
+    if (bias.size() == 0) return m;
+    const Eigen::MatrixXd rows = bias.segment(off, len).transpose().replicate(n, 1);
+    return m + IntervalMatrix::Point(rows);
+  };
+  G.q = add_bias(Mul(zc, Eigen::MatrixXd(wq.transpose())), L.bq, h * L.head_dim_qk, L.head_dim_qk);
+  // W_h = Wo_h M_h with M_h = Wv_h (dot) or Wv_h Wq_h^T Wq_h / sqrt(dk) (l2).
+  IntervalMatrix m_h = IntervalMatrix::Point(wv);
+  if (!G.dot) m_h = Scale(inv_sqrt_dk, Mul(Mul(wv, Eigen::MatrixXd(wq.transpose())), IntervalMatrix::Point(wq)));
+  G.w = Mul(wo, m_h);
+  // u_j = Wo_h (M_h z_j + bv_h) = W_h z_j + Wo_h bv_h.
+  G.u = Mul(IntervalMatrix::Point(zc), G.w.transpose());
+  if (L.bv.size()) {
+    const IntervalMatrix ob = Mul(wo, Eigen::MatrixXd(L.bv.segment(h * L.head_dim_v, L.head_dim_v)));
+    G.u = G.u + IntervalMatrix(ob.mid.transpose().replicate(n, 1), ob.rad.transpose().replicate(n, 1));
+  }
+  G.c_u = OperatorNormFromL2Up(G.w, PrimalNorm(p));
+  G.w_norm = OperatorNormUp(G.w, PrimalNorm(p));
+  if (G.dot) {
+    G.k = add_bias(Mul(zc, Eigen::MatrixXd(wk.transpose())), L.bk, h * L.head_dim_qk, L.head_dim_qk);
+    G.logits = Scale(inv_sqrt_dk, Mul(G.q, G.k.transpose()));
+    G.g = Scale(inv_sqrt_dk, Mul(G.q, wk));
+    G.b = Scale(inv_sqrt_dk, Mul(G.k, wq));
+    const IntervalMatrix qk = Scale(inv_sqrt_dk, Mul(Eigen::MatrixXd(wq.transpose()), wk));  // Wq^T Wk / sqrt(dk)
+    G.c_logit = NormL2UpperInterval(qk).value();
+    G.c_g = OperatorNormFromL2Up(qk.transpose(), DualNorm(p));
+    G.c_b = OperatorNormFromL2Up(qk, DualNorm(p));
+    G.g_norm.resize(n);
+    for (int i = 0; i < n; ++i) G.g_norm(i) = NormUpOfMagnitudes(RowMagnitude(G.g, i), DualNorm(p));
+    G.db = PairDistanceUp(G.b, DualNorm(p));
+    // Softmax ignores a shift common to a row: s_ij - c.dz_i has the same probabilities,
+    // so the logit box only needs ||b_j - c|| (keys often share a large mean component).
+    const Eigen::RowVectorXd c = G.b.mid.colwise().mean();
+    G.b_shifted_l2.resize(n);
+    for (int j = 0; j < n; ++j) {
+      Eigen::VectorXd m(G.b.cols());
+      for (Eigen::Index a = 0; a < G.b.cols(); ++a)
+        m(a) = AddUp(std::max(SubUp(G.b.mid(j, a), c(a)), SubUp(c(a), G.b.mid(j, a))), G.b.rad(j, a));
+      G.b_shifted_l2(j) = NormUpOfMagnitudes(m, VectorNorm::kTwo);
+    }
+  } else {
+    G.k = G.q;
+    G.g = Scale(inv_sqrt_dk, Mul(G.q, wq));
+    G.b = G.g;
+    const IntervalMatrix qq = Scale(inv_sqrt_dk, GramEnclosure(wq));  // Wq^T Wq / sqrt(dk)
+    G.c_logit = NormL2Upper(wq).value();
+    G.c_g = G.c_b = OperatorNormFromL2Up(qq, DualNorm(p));
+    G.dq_lo = PairDistanceL2Down(G.q);
+    G.dq_hi = PairDistanceUp(G.q, VectorNorm::kTwo);
+    G.dg = PairDistanceUp(G.g, DualNorm(p));
+    G.db = G.dg;
+  }
+  G.du = PairDistanceUp(G.u, PrimalNorm(p));
+  return G;
+}
+
+// sum_k P_ik d_jk over the unmasked k, for P_i below p_hi with sum_k P_ik = 1.
+static double MeanDistanceUp(const Eigen::MatrixXd& p_hi, const Eigen::MatrixXd& d, int i, int j, int len) {
+  return SimplexWeightedSumUp(p_hi.row(i).transpose(), d.row(j).transpose(), len);
+}
+
+// Logit enclosures [lo, hi] of head G when token j moves by at most rho_j (rho = 0: the
+// centre's logits). Dot rows are shifted by c.dz_i, which leaves each softmax row unchanged.
+void LogitBox(const HeadGeometry& G, const Eigen::VectorXd& rho, Eigen::MatrixXd* lo, Eigen::MatrixXd* hi) {
+  const int n = int(rho.size());
+  lo->resize(n, n);
+  hi->resize(n, n);
+  if (G.dot) {
+    // s_ij - c.dz_i - s0_ij = g_i . dz_j + (b_j - c) . dz_i + dz_i^T (Wq^T Wk / sqrt dk) dz_j,
+    // and s_ij - c.dz_i has the same softmax row as s_ij.
+    for (int i = 0; i < n; ++i) {
+      const double gi = NormUpOfMagnitudes(RowMagnitude(G.g, i), VectorNorm::kTwo);
+      for (int j = 0; j < n; ++j) {
+        const double bj = G.b_shifted_l2(j);
+        const double delta = AddUp(AddUp(MulUp(gi, rho(j)), MulUp(bj, rho(i))),
+                                   MulUp(G.c_logit, MulUp(rho(i), rho(j))));
+        const Interval s0 = G.logits(i, j);
+        (*lo)(i, j) = SubDown(s0.lo, delta);
+        (*hi)(i, j) = AddUp(s0.hi, delta);
+      }
+    }
+  } else {
+    // s_ij = -||q_i - q_j||^2 / sqrt(dk), ||q_i - q_j|| within eta of the centre's distance.
+    for (int i = 0; i < n; ++i)
+      for (int j = 0; j < n; ++j) {
+        const double eta = MulUp(G.c_logit, AddUp(rho(i), rho(j)));
+        const double dmax = AddUp(G.dq_hi(i, j), eta);
+        const double dmin = std::max(0.0, SubDown(G.dq_lo(i, j), eta));
+        (*lo)(i, j) = -MulUp(MulUp(dmax, dmax), G.inv_sqrt_dk.hi);
+        (*hi)(i, j) = -MulDown(MulDown(dmin, dmin), G.inv_sqrt_dk.lo);
+      }
+  }
+}
+
+// Row-wise softmax ranges of a logit box (0 where masked).
+void SoftmaxRows(const Eigen::MatrixXd& lo, const Eigen::MatrixXd& hi, bool causal, Eigen::MatrixXd* p_lo,
+                 Eigen::MatrixXd* p_hi) {
+  const int n = int(lo.rows());
+  *p_lo = Eigen::MatrixXd::Zero(n, n);
+  *p_hi = Eigen::MatrixXd::Zero(n, n);
+  for (int i = 0; i < n; ++i) {
+    const int len = causal ? i + 1 : n;
+    const ProbabilityBounds pb = SoftmaxRange(lo.row(i).transpose(), hi.row(i).transpose(), len,
+                                              DefaultExpBackend());
+    p_lo->row(i) = pb.lo.transpose();
+    p_hi->row(i) = pb.hi.transpose();
+  }
+}
+
+// Tangent-plane softmax ranges when token t moves by at most rho_t and the input by at most
+// `joint` in Frobenius norm in all (docs/engines.md, "Tangent-plane probability ranges"). With l_k = s_ik - s0_ik and
+// P0 the centre's row, log-sum-exp's convexity gives
+//     log P_ij - log P0_ij = L_ij - B_i,   L_ij = l_j - sum_k P0_ik l_k,   0 <= B_i <= range(l)^2 / 8,
+// and L_ij is a linear form C_ij . dZ (||C_ij||_F bounded here) plus a quadratic rest.
+// Intersects F's ranges with P0 exp(-L - B) <= P <= P0 exp(L).
+void TightenByTangent(const HeadGeometry& G, const Eigen::VectorXd& rho, double joint, bool causal,
+                      const Eigen::MatrixXd& lo, const Eigen::MatrixXd& hi, FactorBounds* F) {
+  const int n = int(rho.size());
+  Eigen::MatrixXd s0_lo, s0_hi, p0_lo, p0_hi;
+  LogitBox(G, Eigen::VectorXd::Zero(n), &s0_lo, &s0_hi);
+  SoftmaxRows(s0_lo, s0_hi, causal, &p0_lo, &p0_hi);
+  const IntervalMatrix p0 = IntervalMatrix::FromBounds(p0_lo, p0_hi);
+  // dot: row i of C is g_i (1[i=j] - P0_ii) + b_j - bbar_i, row t != i is g_i (1[t=j] - P0_it).
+  // l2:  with h_t = -2 (g_i - g_t): row i is 2 (g_j - gbar_i), row t != i is P0_it h_t - 1[t=j] h_j.
+  const IntervalMatrix& v = G.dot ? G.b : G.g;
+  const IntervalMatrix vbar = Mul(p0, v);
+  const Eigen::MatrixXd to_mean = RowDistanceL2Up(v, vbar);  // ||v_j - vbar_i||
+  Eigen::MatrixXd dg;
+  IntervalMatrix gb, gbbar;  // dot: g_i . b_j and g_i . bbar_k, for ||c g_i + b_j - bbar_i||^2
+  if (G.dot) {
+    gb = Mul(G.g, G.b.transpose());
+    gbbar = Mul(G.g, vbar.transpose());
+  } else {
+    dg = PairDistanceUp(G.g, VectorNorm::kTwo);
+  }
+  for (int i = 0; i < n; ++i) {
+    const int len = causal ? i + 1 : n;
+    const double rho_max = rho.head(len).maxCoeff();
+    // range of l_i. over k < len (shift-invariant, so the dot box's shift is harmless).
+    double top = -kInf, bottom = kInf;
+    for (int k = 0; k < len; ++k) {
+      top = std::max(top, SubUp(hi(i, k), s0_lo(i, k)));
+      bottom = std::min(bottom, SubDown(lo(i, k), s0_hi(i, k)));
+    }
+    const double range = SubUp(top, bottom);
+    const double bregman = MulUp(0.125, MulUp(range, range));
+    // Rows t != i of C have norm |1[t=j] - P0_it| |h_t| (dot: |h_t| = ||g_i||, factored out):
+    // sum1 = sum_t P0_it |h_t| rho_t and sum2 = sum_t (P0_it |h_t|)^2 over all t, from which the
+    // t = i and t = j terms are replaced below.
+    double gn = 0, sum1 = 0, sum2 = 0;
+    Interval gg(0.0);         // dot: ||g_i||^2
+    if (G.dot) {
+      gn = NormUpOfMagnitudes(RowMagnitude(G.g, i), VectorNorm::kTwo);
+      for (Eigen::Index a = 0; a < G.g.cols(); ++a) gg += Sqr(G.g(i, a));
+    }
+    auto weight = [&](int t) { return G.dot ? 1.0 : MulUp(2.0, dg(i, t)); };  // |h_t| (dot: 1)
+    for (int t = 0; t < len; ++t) {
+      const double x = MulUp(p0_hi(i, t), weight(t));
+      sum2 = AddUp(sum2, MulUp(x, x));
+      sum1 = AddUp(sum1, MulUp(x, rho(t)));
+    }
+    for (int j = 0; j < len; ++j) {
+      // sum over rows t != i of |row t|^2 and of |row t| rho_t (dot: / ||g_i||^2, / ||g_i||);
+      // removing at most the included t = i and t = j terms keeps upper bounds.
+      double others = sum2, others1 = sum1;
+      const double xi = MulDown(p0_hi(i, i), weight(i));
+      others = SubUp(others, MulDown(xi, xi));
+      others1 = SubUp(others1, MulDown(xi, rho(i)));
+      if (j != i) {
+        const double xj = MulDown(p0_hi(i, j), weight(j));
+        const double yj = MulUp(SubUp(1.0, p0_lo(i, j)), weight(j));
+        others = AddUp(SubUp(others, MulDown(xj, xj)), MulUp(yj, yj));
+        others1 = AddUp(SubUp(others1, MulDown(xj, rho(j))), MulUp(yj, rho(j)));
+      }
+      others = std::max(others, 0.0);
+      others1 = std::max(others1, 0.0);
+      double row_i, quad_up, quad_down;
+      if (G.dot) {
+        // ||c g_i + w||, w = b_j - bbar_i, c = 1[i=j] - P0_ii: by the triangle inequality, and
+        // expanded as c^2 ||g_i||^2 + 2 c g_i.w + ||w||^2.
+        const Interval c = Interval(i == j ? 1.0 : 0.0) - p0(i, i);
+        row_i = AddUp(MulUp(c.Mag(), gn), to_mean(i, j));
+        const Interval cross = Sqr(c) * gg + Interval(2.0) * c * (gb(i, j) - gbbar(i, i));
+        const double expanded = AddUp(cross.hi, MulUp(to_mean(i, j), to_mean(i, j)));
+        row_i = std::min(row_i, SqrtUp(std::max(expanded, 0.0)));
+        others = MulUp(MulUp(gn, gn), others);
+        others1 = MulUp(gn, others1);
+        quad_up = quad_down = MulUp(G.c_logit, MulUp(rho(i), AddUp(rho(j), rho_max)));
+      } else {
+        row_i = MulUp(2.0, to_mean(i, j));
+        const double e_up = MulUp(G.c_logit, AddUp(rho(i), rho_max));
+        const double e_down = MulUp(G.c_logit, AddUp(rho(i), rho(j)));
+        quad_up = MulUp(MulUp(e_up, e_up), G.inv_sqrt_dk.hi);
+        quad_down = MulUp(MulUp(e_down, e_down), G.inv_sqrt_dk.hi);
+      }
+      // |C . dZ| <= ||C||_F ||dZ||_F, and <= sum_t ||C_t|| rho_t (per token).
+      const double c_norm = SqrtUp(AddUp(MulUp(row_i, row_i), others));
+      const double per_token = AddUp(MulUp(row_i, rho(i)), others1);
+      const double lin = std::isfinite(joint) ? std::min(MulUp(joint, c_norm), per_token) : per_token;
+      const double up = AddUp(lin, quad_up);
+      const double down = AddUp(AddUp(lin, quad_down), bregman);
+      F->p_hi(i, j) = std::min(F->p_hi(i, j), MulUp(p0_hi(i, j), ExpUpper(up)));
+      F->p_lo(i, j) = std::max(F->p_lo(i, j), MulDown(p0_lo(i, j), ExpLower(-down)));
+    }
+  }
+}
+
+// max of P (1 - P) over lo <= P <= hi (rounded up).
+static double MaxOfPTimesOneMinusP(double lo, double hi) {
+  const double x = hi < 0.5 ? hi : (lo > 0.5 ? lo : 0.5);
+  return MulUp(x, SubUp(1.0, x));
+}
+
+FactorBounds HeadFactorBounds(const HeadGeometry& G, const Eigen::VectorXd& rho, double joint, bool causal) {
+  const int n = int(rho.size());
+  FactorBounds F;
+  Eigen::MatrixXd lo, hi;
+  LogitBox(G, rho, &lo, &hi);
+  SoftmaxRows(lo, hi, causal, &F.p_lo, &F.p_hi);
+  if (rho.maxCoeff() > 0) TightenByTangent(G, rho, joint, causal, lo, hi, &F);
+  // Distances over the cover.
+  F.a_sup.resize(n, n);
+  F.pa.resize(n, n);
+  F.g_sup.resize(n, n);
+  F.b_sup.resize(n, n);
+  Eigen::MatrixXd du(n, n), db(n, n), dg(n, n);
+  for (int j = 0; j < n; ++j)
+    for (int k = 0; k < n; ++k) {
+      du(j, k) = AddUp(G.du(j, k), MulUp(G.c_u, AddUp(rho(j), rho(k))));
+      db(j, k) = AddUp(G.db(j, k), MulUp(G.c_b, AddUp(rho(j), rho(k))));
+      if (!G.dot) dg(j, k) = AddUp(G.dg(j, k), MulUp(G.c_g, AddUp(rho(j), rho(k))));
+    }
+  for (int j = 0; j < n; ++j) du(j, j) = db(j, j) = dg(j, j) = 0;  // a token's distance to itself
+  for (int i = 0; i < n; ++i) {
+    const int len = causal ? i + 1 : n;
+    for (int j = 0; j < n; ++j) {
+      if (j >= len) {
+        F.a_sup(i, j) = F.g_sup(i, j) = F.b_sup(i, j) = F.pa(i, j) = 0;
+        continue;
+      }
+      F.a_sup(i, j) = MeanDistanceUp(F.p_hi, du, i, j, len);
+      // P_ij ||a_ij|| = P_ij ||sum_{k != j} P_ik (u_j - u_k)|| <= P_ij (1 - P_ij) max_{k != j} d_jk.
+      const double pq = MaxOfPTimesOneMinusP(F.p_lo(i, j), F.p_hi(i, j));
+      F.pa(i, j) = std::min(MulUp(F.p_hi(i, j), F.a_sup(i, j)), MulUp(pq, du.row(j).head(len).maxCoeff()));
+      const double bmean = MeanDistanceUp(F.p_hi, db, i, j, len);
+      if (G.dot) {
+        F.g_sup(i, j) = AddUp(G.g_norm(i), MulUp(G.c_g, rho(i)));
+        F.b_sup(i, j) = bmean;
+      } else {
+        F.g_sup(i, j) = MulUp(2.0, dg(i, j));
+        F.b_sup(i, j) = MulUp(2.0, bmean);
+      }
+    }
+  }
+  return F;
+}
+
+// ||P (x) W||_p <= ||P||_p ||W||_p, and P's rows sum to one: ||P||_inf = 1, so also
+// ||P||_2 <= sqrt(||P||_inf ||P||_1) <= sqrt(max column sum of p_hi).
+double ProbabilityNormUp(const Eigen::MatrixXd& p_hi, NormKind p) {
+  if (p != NormKind::kL2) return 1.0;
+  double col = 0;
+  for (Eigen::Index j = 0; j < p_hi.cols(); ++j) {
+    double s = 0;
+    for (Eigen::Index i = 0; i < p_hi.rows(); ++i) s = AddUp(s, p_hi(i, j));
+    col = std::max(col, s);
+  }
+  return std::min(NonnegNormUp(p_hi, PrimalNorm(p)), SqrtUp(col));
+}
+
+RowSpread RowSpreadUp(const HeadGeometry& G, const FactorBounds& F, const Eigen::VectorXd& rho, int i, int len) {
+  const Eigen::VectorXd cap = F.p_hi.row(i).transpose();
+  const Eigen::MatrixXd& db0 = G.dot ? G.db : G.dg;
+  const double cb = G.dot ? G.c_b : G.c_g;
+  RowSpread out;
+  Eigen::VectorXd su(len), sb(len);
+  for (int m = 0; m < len; ++m) {
+    for (int k = 0; k < len; ++k) {
+      const double du = AddUp(G.du(k, m), MulUp(G.c_u, rho(k)));
+      const double db = AddUp(db0(k, m), MulUp(cb, rho(k)));
+      su(k) = MulUp(du, du);
+      sb(k) = MulUp(db, db);
+    }
+    out.a2 = std::min(out.a2, SimplexWeightedSumUp(cap, su, len));
+    out.b2 = std::min(out.b2, SimplexWeightedSumUp(cap, sb, len));
+  }
+  if (!G.dot) out.b2 = MulUp(4.0, out.b2);
+  return out;
+}
+
+IntervalMatrix AttentionProbabilityEnclosure(const AttentionLayer& layer, const TokenCover& cover, int head) {
+  const MhaInput in = MhaInputOver(layer, cover, NormKind::kL2);
+  const FactorBounds f = HeadFactorBounds(HeadGeometryAt(layer, head, in.zc, NormKind::kL2), in.rho_z, in.joint_z,
+                                          layer.causal);
+  return IntervalMatrix::FromBounds(f.p_lo, f.p_hi);
+}
+
+}  // namespace lipcert

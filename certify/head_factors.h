@@ -1,0 +1,99 @@
+// Per-head factor bounds over a cover of the MHA input (docs/engines.md, "Factor bounds
+// over a cover"): the geometry of one head at the cover's centre, its logit box and
+// softmax ranges (tightened by the tangent plane), and upper bounds on the factors of the
+// Jacobian's blocks
+//
+//     J_ij = sum_h  P_ij W_h  +  P_ij a_ij g_ij^T  +  delta_ij E_i,     E_i = sum_k P_ik a_ik b_ik^T
+//
+// with u_j = Wo_h v_j, a_ij = u_j - ubar_i, W_h = Wo_h M_h (M_h = Wv_h for dot, Wv_h A_h for l2),
+// dot: g_ij = Wk_h^T q_i / sqrt(dk),            b_ik = Wq_h^T (k_k - kbar_i) / sqrt(dk)
+// l2:  g_ij = 2 Wq_h^T (q_i - q_j) / sqrt(dk),  b_ik = 2 Wq_h^T (q_k - qbar_i) / sqrt(dk).
+//
+// Norms: p is the engine's norm on inputs and outputs, q its dual (2 -> 2, inf -> 1), so
+// that ||a g^T||_p = ||a||_p ||g||_q. Every bound is an upper (or, "_lo", lower) bound,
+// rounded outward.
+#pragma once
+
+#include <Eigen/Dense>
+
+#include "certify/input_set.h"
+#include "certify/token_cover.h"
+#include "interval/interval_matrix.h"
+#include "interval/vector_norms.h"
+#include "models/attention_layer.h"
+
+namespace lipcert {
+
+// The engine's norm p and its dual q as vector norms.
+inline VectorNorm PrimalNorm(NormKind p) { return p == NormKind::kL2 ? VectorNorm::kTwo : VectorNorm::kInf; }
+inline VectorNorm DualNorm(NormKind p) { return p == NormKind::kL2 ? VectorNorm::kTwo : VectorNorm::kOne; }
+
+// Geometry of one head at the cover's centre (the MHA input), enclosed rigorously.
+struct HeadGeometry {
+  bool dot = true;
+  IntervalMatrix q, k;      // (N, dk) centre queries / keys (k == q for l2)
+  IntervalMatrix u;         // (N, D) output-space values Wo_h v_j
+  IntervalMatrix g;         // dot: rows Wk^T q_i / sqrt(dk); l2: rows Wq^T q_i / sqrt(dk)
+  IntervalMatrix b;         // dot: rows Wq^T k_j / sqrt(dk); l2: same as g
+  IntervalMatrix w;         // (D, D) W_h = Wo_h M_h
+  IntervalMatrix logits;    // dot: centre logits (N, N)
+  Eigen::MatrixXd dq_lo, dq_hi;  // l2: Euclidean distances of centre query rows
+  Eigen::MatrixXd du;       // ||u_j - u_k||_p, centre
+  Eigen::MatrixXd dg;       // l2: ||g_j - g_k||_q, centre
+  Eigen::MatrixXd db;       // dot: ||b_j - b_k||_q, centre (l2: == dg)
+  Eigen::VectorXd g_norm;   // dot: ||g_i||_q, centre
+  Eigen::VectorXd b_shifted_l2;  // dot: ||b_j - c||_2 for the mean c of the centre's b rows
+  double c_u = 0;      // ||W_h||_{2->p}: how far u_j moves per unit of ||z_j||
+  double c_g = 0;      // dot: ||Wk^T Wq||_{2->q}/sqrt(dk); l2: ||Wq^T Wq||_{2->q}/sqrt(dk)
+  double c_b = 0;      // dot: ||Wq^T Wk||_{2->q}/sqrt(dk); l2: == c_g
+  double c_logit = 0;  // dot: ||Wq^T Wk||_2/sqrt(dk); l2: ||Wq||_2
+  double w_norm = 0;   // ||W_h||_p
+  Interval inv_sqrt_dk;  // 1/sqrt(dk)
+};
+
+// Head h's geometry at the centre zc (N, D) of the MHA input, for the engine norm p.
+HeadGeometry HeadGeometryAt(const AttentionLayer& layer, int h, const Eigen::MatrixXd& zc, NormKind p);
+
+// Factor bounds over a cover of the MHA input: centre = the geometry's centre, token j
+// within rho_j of it (and the whole input within `joint` in Frobenius norm).
+struct FactorBounds {
+  Eigen::MatrixXd p_lo, p_hi;  // softmax range (0 where masked)
+  Eigen::MatrixXd a_sup;       // sup ||a_ij||_p
+  Eigen::MatrixXd pa;          // sup P_ij ||a_ij||_p (<= p_hi a_sup)
+  Eigen::MatrixXd g_sup;       // sup ||g_ij||_q
+  Eigen::MatrixXd b_sup;       // sup ||b_ij||_q
+};
+
+// Logit enclosures [lo, hi] of head G when token j moves by at most rho_j (rho = 0: the
+// centre's logits). Dot rows are shifted by c.dz_i, which leaves each softmax row unchanged.
+void LogitBox(const HeadGeometry& G, const Eigen::VectorXd& rho, Eigen::MatrixXd* lo, Eigen::MatrixXd* hi);
+
+// Row-wise softmax ranges of a logit box (0 where masked).
+void SoftmaxRows(const Eigen::MatrixXd& lo, const Eigen::MatrixXd& hi, bool causal, Eigen::MatrixXd* p_lo,
+                 Eigen::MatrixXd* p_hi);
+
+// Intersects F's softmax ranges with the tangent-plane ranges (docs/engines.md,
+// "Tangent-plane probability ranges"); lo, hi are the logit box of rho.
+void TightenByTangent(const HeadGeometry& G, const Eigen::VectorXd& rho, double joint, bool causal,
+                      const Eigen::MatrixXd& lo, const Eigen::MatrixXd& hi, FactorBounds* F);
+
+// All factor bounds of head G over the cover (rho, joint); rho = 0 gives the centre's.
+FactorBounds HeadFactorBounds(const HeadGeometry& G, const Eigen::VectorXd& rho, double joint, bool causal);
+
+// Norm 2, row i: upper bounds on sum_k P_ik ||a_ik||^2 and sum_k P_ik ||b_ik||^2 over the
+// cover (the row's spreads), so that
+//   ||E_i|| <= sum_k P_ik ||a_ik|| ||b_ik|| <= (a2 b2)^1/2  and
+//   sum_j P_ij ||a_ij|| ||g_ij|| <= (a2 sum_j P_ij ||g_ij||^2)^1/2   (Cauchy-Schwarz).
+struct RowSpread {
+  double a2 = kInf, b2 = kInf;
+};
+RowSpread RowSpreadUp(const HeadGeometry& G, const FactorBounds& F, const Eigen::VectorXd& rho, int i, int len);
+
+// >= ||P||_p for every attention matrix P below p_hi (rows on the simplex).
+double ProbabilityNormUp(const Eigen::MatrixXd& p_hi, NormKind p);
+
+// Certified enclosure of head h's attention probabilities P_ij(X) over the cover, as both
+// engines use them (exactly 0 where masked): lower and upper ends of every entry.
+IntervalMatrix AttentionProbabilityEnclosure(const AttentionLayer& layer, const TokenCover& cover, int head);
+
+}  // namespace lipcert

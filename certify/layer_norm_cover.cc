@@ -1,0 +1,109 @@
+#include "certify/layer_norm_cover.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "certify/layer_norm_enclosure.h"
+#include "interval/rounding.h"
+
+namespace lipcert {
+
+// sup ||J_LN(x)||_inf over a token's ball of radius rho around x0, where c are the centred
+// entries of x0 and sigma >= sigma_lo. Row a of J_LN is gamma_a (e_a - 1/D - xhat_a xhat / D) / sigma,
+// whose l1 norm is at most |gamma_a| (2 + |xhat_a| ||xhat||_1 / D) / sigma. Centring is an
+// orthogonal projection, so |c_a| <= |c0_a| + rho and ||c||_1 <= ||c0||_1 + sqrt(D) rho; and
+// |xhat_a| ||xhat||_1 / D <= sqrt(D) always.
+double LayerNormInfNormUp(const LayerNormParams& ln, const std::vector<Interval>& c, double rho, double sigma_lo) {
+  const int d = int(c.size());
+  double c1 = 0;
+  for (const Interval& ca : c) c1 = AddUp(c1, ca.Mag());
+  const double l1 = AddUp(c1, MulUp(SqrtUp(double(d)), rho));
+  const double cap = SqrtUp(double(d));
+  const double denom = MulDown(MulDown(sigma_lo, sigma_lo), double(d));
+  double out = 0;
+  for (int a = 0; a < d; ++a) {
+    const double coupling = std::min(cap, DivUp(MulUp(AddUp(c[a].Mag(), rho), l1), denom));
+    out = std::max(out, DivUp(MulUp(std::fabs(ln.gamma(a)), AddUp(2.0, coupling)), sigma_lo));
+  }
+  return out;
+}
+
+MhaInput MhaInputOver(const AttentionLayer& L, const TokenCover& cover, NormKind p) {
+  MhaInput m;
+  const int n = int(cover.center.rows()), d = int(cover.center.cols());
+  m.ell = Eigen::VectorXd::Ones(n);
+  m.delta_ln = Eigen::VectorXd::Zero(n);
+  if (!L.layer_norm) {
+    m.zc = cover.center;
+    m.rho_z = cover.radius;
+    m.joint_z = JointRadiusUp(cover).value();
+    return m;
+  }
+  m.residual = true;
+  const LayerNormParams& ln = *L.layer_norm;
+  const double gmax = ln.gamma.cwiseAbs().maxCoeff();
+  const Interval dd{double(d)};
+  const double sqrt_d_lo = SqrtDown(double(d));
+  m.zc.resize(n, d);
+  m.rho_z.resize(n);
+  // ||z_j - zc_j|| <= ell_j ||x_j - x0_j|| + err_j, so ||Z - Zc||_F <= max_j ell_j ||X - X0||_F + ||err||.
+  double ell_joint = 0, err_joint2 = 0;
+  for (int j = 0; j < n; ++j) {
+    const LayerNormRowEnclosure r = EncloseLayerNormRow(ln, cover.center.row(j));
+    const std::vector<Interval>& c = r.centred;
+    const Interval& sigma0 = r.sigma;
+    double cn_lo2 = 0, cn_hi2 = 0;
+    for (int a = 0; a < d; ++a) {
+      cn_lo2 = AddDown(cn_lo2, MulDown(c[a].Mig(), c[a].Mig()));
+      cn_hi2 = AddUp(cn_hi2, MulUp(c[a].Mag(), c[a].Mag()));
+    }
+    const double rho = cover.radius(j);
+    const double cn_lo = SqrtDown(cn_lo2), cn_hi = SqrtUp(cn_hi2);
+    const double shrunk = std::max(0.0, SubDown(cn_lo, rho));
+    const double sigma_lo = SqrtDown(AddDown(DivDown(MulDown(shrunk, shrunk), double(d)), ln.eps));
+    const double grown = AddUp(cn_hi, rho);
+    const double sigma_hi = SqrtUp(AddUp(DivUp(MulUp(grown, grown), double(d)), ln.eps));
+    const double ell2 = DivUp(gmax, sigma_lo);
+    m.ell(j) = p == NormKind::kL2 ? ell2 : LayerNormInfNormUp(ln, c, rho, sigma_lo);
+    // Centre z0 = gamma * c / sigma0 + beta, enclosed; the cover's centre is its midpoint.
+    const std::vector<Interval>& xhat = r.xhat;
+    double err2 = 0;
+    for (int a = 0; a < d; ++a) {
+      const Interval& z = r.z[a];
+      const double mid = 0.5 * z.lo + 0.5 * z.hi;
+      m.zc(j, a) = mid;
+      const double e = std::max(SubUp(z.hi, mid), SubUp(mid, z.lo));
+      err2 = AddUp(err2, MulUp(e, e));
+    }
+    m.rho_z(j) = AddUp(MulUp(ell2, rho), SqrtUp(err2));
+    ell_joint = std::max(ell_joint, ell2);
+    err_joint2 = AddUp(err_joint2, err2);
+    // ||J_LN(x) - J_LN(x0)||_2 <= max|gamma| [(1/sigma_lo - 1/sigma_hi) + 2 rho / (sigma_lo^2 sqrt(D))].
+    const double t1 = SubUp(DivUp(1.0, sigma_lo), DivDown(1.0, sigma_hi));
+    const double t2 = DivUp(MulUp(2.0, rho), MulDown(MulDown(sigma_lo, sigma_lo), sqrt_d_lo));
+    m.delta_ln(j) = MulUp(gmax, AddUp(std::max(t1, 0.0), t2));
+    // J_LN(x0_j) = diag(gamma) (I - 11^T/D - xhat xhat^T / D) / sigma0.
+    Eigen::MatrixXd lo(d, d), hi(d, d);
+    const Interval inv_d = Interval(1.0) / dd;
+    const Interval inv_sigma = Interval(1.0) / sigma0;
+    for (int a = 0; a < d; ++a)
+      for (int b = 0; b < d; ++b) {
+        Interval e = -(inv_d + xhat[a] * xhat[b] * inv_d);
+        if (a == b) e += Interval(1.0);
+        e = Interval(ln.gamma(a)) * e * inv_sigma;
+        lo(a, b) = e.lo;
+        hi(a, b) = e.hi;
+      }
+    m.ln_jac.push_back(IntervalMatrix::FromBounds(lo, hi));
+  }
+  m.joint_z = AddUp(MulUp(ell_joint, JointRadiusUp(cover).value()), SqrtUp(err_joint2));
+  return m;
+}
+
+TokenCover MhaInputCover(const AttentionLayer& layer, const TokenCover& cover, double* ell_max) {
+  const MhaInput in = MhaInputOver(layer, cover, NormKind::kL2);
+  if (ell_max) *ell_max = in.ell.maxCoeff();
+  return TokenCover{in.zc, in.rho_z, UpperBound(in.joint_z)};
+}
+
+}  // namespace lipcert

@@ -1,0 +1,40 @@
+// The cover of the MHA input z = LN(x) (or x without LayerNorm) implied by a cover of the
+// sublayer's input X, with the LayerNorm Jacobian factors the engines multiply by
+// (docs/engines.md, "LayerNorm"). Every number is an upper bound, rounded up, unless named
+// otherwise; the centre zc is an exact double matrix (the midpoint of the enclosure of
+// LN(x0)), its enclosure error folded into rho_z.
+#pragma once
+
+#include <Eigen/Dense>
+#include <vector>
+
+#include "certify/input_set.h"
+#include "certify/token_cover.h"
+#include "interval/interval_matrix.h"
+#include "models/attention_layer.h"
+
+namespace lipcert {
+
+struct MhaInput {
+  Eigen::MatrixXd zc;            // centre of the z-cover (exact doubles)
+  Eigen::VectorXd rho_z;         // ||z_j - zc_j||_2 <= rho_z_j over the set
+  double joint_z = kInf;         // ||Z - Zc||_F <= joint_z over the set
+  Eigen::VectorXd ell;           // sup ||J_LN(x_j)||_p over the set (1 without LayerNorm)
+  Eigen::VectorXd delta_ln;      // sup ||J_LN(x_j) - J_LN(x0_j)||_2 (0 without LayerNorm)
+  std::vector<IntervalMatrix> ln_jac;  // J_LN(x0_j) enclosures (with LayerNorm)
+  bool residual = false;         // the layer is the sublayer X + MHA(LN(X))
+};
+
+// The MHA input over a cover of X, with ell in the norm p (2 or inf).
+MhaInput MhaInputOver(const AttentionLayer& layer, const TokenCover& cover, NormKind p);
+
+// >= sup ||J_LN(x)||_inf over a token's ball of radius rho around x0, where c encloses the
+// centred entries of x0 and sigma_lo <= sigma over the ball.
+double LayerNormInfNormUp(const LayerNormParams& ln, const std::vector<Interval>& c, double rho, double sigma_lo);
+
+// The cover of the MHA input z (LN(X) for the sublayer, else X) implied by a cover of X;
+// *ell_max (if non-null) receives an upper bound on sup ||J_LN||_2 over the set (1 without
+// LayerNorm).
+TokenCover MhaInputCover(const AttentionLayer& layer, const TokenCover& cover, double* ell_max);
+
+}  // namespace lipcert

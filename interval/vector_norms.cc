@@ -1,0 +1,131 @@
+#include "interval/vector_norms.h"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "interval/norms.h"
+#include "interval/rounding.h"
+
+namespace lipcert {
+
+double NormUpOfMagnitudes(const Eigen::VectorXd& m, VectorNorm q) {
+  if (q == VectorNorm::kTwo) {
+    double s = 0;
+    for (Eigen::Index i = 0; i < m.size(); ++i) s = AddUp(s, MulUp(m(i), m(i)));
+    return SqrtUp(s);
+  }
+  if (q == VectorNorm::kOne) {
+    double s = 0;
+    for (Eigen::Index i = 0; i < m.size(); ++i) s = AddUp(s, m(i));
+    return s;
+  }
+  return m.size() ? m.maxCoeff() : 0.0;  // inf-norm, exact
+}
+
+Eigen::VectorXd RowMagnitude(const IntervalMatrix& a, Eigen::Index r) {
+  Eigen::VectorXd m(a.cols());
+  for (Eigen::Index c = 0; c < a.cols(); ++c) m(c) = AddUp(std::fabs(a.mid(r, c)), a.rad(r, c));
+  return m;
+}
+
+Eigen::MatrixXd PairDistanceUp(const IntervalMatrix& a, VectorNorm q) {
+  const Eigen::Index n = a.rows(), d = a.cols();
+  Eigen::MatrixXd out = Eigen::MatrixXd::Zero(n, n);
+  Eigen::VectorXd m(d);
+  for (Eigen::Index j = 0; j < n; ++j)
+    for (Eigen::Index k = j + 1; k < n; ++k) {
+      for (Eigen::Index c = 0; c < d; ++c) {
+        const double diff = std::max(SubUp(a.mid(j, c), a.mid(k, c)), SubUp(a.mid(k, c), a.mid(j, c)));
+        m(c) = AddUp(diff, AddUp(a.rad(j, c), a.rad(k, c)));
+      }
+      out(j, k) = out(k, j) = NormUpOfMagnitudes(m, q);
+    }
+  return out;
+}
+
+Eigen::MatrixXd PairDistanceL2Down(const IntervalMatrix& a) {
+  const Eigen::Index n = a.rows(), d = a.cols();
+  Eigen::MatrixXd out = Eigen::MatrixXd::Zero(n, n);
+  for (Eigen::Index j = 0; j < n; ++j)
+    for (Eigen::Index k = j + 1; k < n; ++k) {
+      double s = 0;
+      for (Eigen::Index c = 0; c < d; ++c) {
+        const double diff = std::max(SubDown(a.mid(j, c), a.mid(k, c)), SubDown(a.mid(k, c), a.mid(j, c)));
+        const double g = SubDown(diff, AddUp(a.rad(j, c), a.rad(k, c)));
+        if (g > 0) s = AddDown(s, MulDown(g, g));
+      }
+      out(j, k) = out(k, j) = s > 0 ? SqrtDown(s) : 0.0;
+    }
+  return out;
+}
+
+Eigen::MatrixXd RowDistanceL2Up(const IntervalMatrix& a, const IntervalMatrix& b) {
+  const Eigen::Index n = b.rows(), m = a.rows(), d = a.cols();
+  Eigen::MatrixXd out(n, m);
+  for (Eigen::Index i = 0; i < n; ++i)
+    for (Eigen::Index j = 0; j < m; ++j) {
+      double s = 0;
+      for (Eigen::Index c = 0; c < d; ++c) {
+        const double diff = std::max(SubUp(a.mid(j, c), b.mid(i, c)), SubUp(b.mid(i, c), a.mid(j, c)));
+        const double e = AddUp(diff, AddUp(a.rad(j, c), b.rad(i, c)));
+        s = AddUp(s, MulUp(e, e));
+      }
+      out(i, j) = SqrtUp(s);
+    }
+  return out;
+}
+
+double OperatorNormFromL2Up(const IntervalMatrix& m, VectorNorm q) {
+  if (q == VectorNorm::kTwo) return NormL2UpperInterval(m).value();
+  double out = 0;
+  for (Eigen::Index r = 0; r < m.rows(); ++r) {
+    const double rn = NormUpOfMagnitudes(RowMagnitude(m, r), VectorNorm::kTwo);
+    out = q == VectorNorm::kOne ? AddUp(out, rn) : std::max(out, rn);  // 2 -> 1: sum; 2 -> inf: max
+  }
+  return out;
+}
+
+double OperatorNormUp(const IntervalMatrix& m, VectorNorm q) {
+  switch (q) {
+    case VectorNorm::kTwo: return NormL2UpperInterval(m).value();
+    case VectorNorm::kInf: return NormInfUpper(m).value();
+    case VectorNorm::kOne: return Norm1Upper(m).value();
+  }
+  return kInf;
+}
+
+double NonnegNormUp(const Eigen::MatrixXd& b, VectorNorm q) {
+  if (q == VectorNorm::kTwo) return NormL2UpperNonneg(b).value();
+  const Eigen::MatrixXd& m = b;
+  const bool rows = q == VectorNorm::kInf;  // inf: max row sum; 1: max column sum
+  double out = 0;
+  for (Eigen::Index r = 0; r < (rows ? m.rows() : m.cols()); ++r) {
+    double s = 0;
+    for (Eigen::Index c = 0; c < (rows ? m.cols() : m.rows()); ++c) s = AddUp(s, rows ? m(r, c) : m(c, r));
+    out = std::max(out, s);
+  }
+  return out;
+}
+
+double ScaledNonnegNormUp(Eigen::MatrixXd b, const Eigen::VectorXd& s, VectorNorm q) {
+  for (Eigen::Index j = 0; j < b.cols(); ++j)
+    for (Eigen::Index i = 0; i < b.rows(); ++i) b(i, j) = MulUp(b(i, j), s(j));
+  return NonnegNormUp(b, q);
+}
+
+double SimplexWeightedSumUp(const Eigen::VectorXd& cap, const Eigen::VectorXd& c, int len, double total) {
+  std::vector<int> order(len);
+  for (int k = 0; k < len; ++k) order[k] = k;
+  std::sort(order.begin(), order.end(), [&](int a, int b) { return c(a) > c(b); });
+  double left = total, s = 0.0;  // `left` is rounded up: more mass, a larger sum
+  for (int k : order) {
+    if (!(left > 0)) break;
+    const double x = std::min(cap(k), left);
+    s = AddUp(s, MulUp(x, c(k)));
+    left = SubUp(left, x);
+  }
+  return s;
+}
+
+}  // namespace lipcert

@@ -1,0 +1,143 @@
+// The centred engine: tightness at small radii, its breakdown by term, its deadline, its
+// applicability predicate and its cost estimate.
+#include <gtest/gtest.h>
+
+#include "certify/centred_engine.h"
+
+#include "tests/certify/engine_cases.h"
+
+namespace lipcert {
+namespace {
+
+using namespace testing_util;
+
+TEST(CentredEngineTest, CentredBoundIsTightAtSmallRadius) {
+  std::mt19937_64 rng(7);
+  for (int t = 0; t < 50; ++t) {
+    Case c = RandomCase(rng);
+    c.norm = NormKind::kL2;
+    c.set.radius = 1e-12;
+    BoundOptions o;
+    const double exact = JacobianNormMp(c.layer, c.set.center, NormKind::kL2);
+    const double centred = CentredUpperBound(c.layer, CoverOf(c.set), o).value();
+    EXPECT_GE(centred, exact * (1 - 1e-12));
+    EXPECT_LE(centred, exact * (1 + 1e-6) + 1e-9)
+        << "case " << t << " kind " << AttentionKindToString(c.layer.kind) << " ln " << c.layer.residual()
+        << " causal " << c.layer.causal << " N " << c.set.tokens() << " D " << c.layer.d_model << " rel "
+        << centred / exact - 1;
+  }
+}
+
+TEST(CentredEngineTest, BreakdownTermsAddUpToTheBound) {
+  std::mt19937_64 rng(51);
+  const int cases = int(200 * TestScale());
+  int checked = 0, with_layer_norm = 0;
+  for (int t = 0; t < cases; ++t) {
+    const Case c = RandomCase(rng);
+    BoundOptions o;
+    o.exclude_residual = t % 4 == 0;
+    const TokenCover cover = CoverOf(c.set);
+    const EngineBound b = CentredBound(c.layer, cover, o);
+    ASSERT_FALSE(b.timed_out);
+    ASSERT_TRUE(std::isfinite(b.upper.value())) << "case " << t;
+    EXPECT_EQ(b.upper.value(), CentredUpperBound(c.layer, cover, o).value());
+    ASSERT_EQ(b.terms.size(), c.layer.residual() ? 3u : 2u);
+    EXPECT_EQ(b.terms[0].name.rfind("centre norm", 0), 0u);
+    double max_term = 0;
+    for (const BoundTerm& term : b.terms) {
+      ASSERT_TRUE(std::isfinite(term.value.value())) << term.name;
+      EXPECT_LE(term.value.value(), b.upper.value()) << term.name;
+      max_term = std::max(max_term, term.value.value());
+    }
+    EXPECT_LE(max_term, b.upper.value());
+    // upper = centre + (variation + LayerNorm variation), in that order.
+    double rest = b.terms[1].value.value();
+    if (b.terms.size() == 3) rest = AddUp(rest, b.terms[2].value.value());
+    EXPECT_EQ(AddUp(b.terms[0].value.value(), rest), b.upper.value()) << "case " << t;
+    with_layer_norm += c.layer.residual();
+    ++checked;
+  }
+  EXPECT_EQ(checked, cases);
+  EXPECT_GT(with_layer_norm, 0);
+}
+
+TEST(CentredEngineTest, PassedDeadlineGivesInfinityAndTimedOut) {
+  std::mt19937_64 rng(53);
+  for (int t = 0; t < 20; ++t) {
+    const Case c = RandomCase(rng);
+    BoundOptions o;
+    o.deadline = std::chrono::steady_clock::now() - std::chrono::seconds(1);
+    const EngineBound b = CentredBound(c.layer, CoverOf(c.set), o);
+    EXPECT_TRUE(b.timed_out);
+    EXPECT_EQ(b.upper.value(), kInf);
+    EXPECT_TRUE(b.terms.empty());
+    EXPECT_EQ(CentredUpperBound(c.layer, CoverOf(c.set), o).value(), kInf);
+  }
+}
+
+// With a deadline set, a layer whose predicted cost exceeds the time left is not started.
+TEST(CentredEngineTest, PredictedOverrunIsNotStarted) {
+  AttentionLayer L;
+  L.kind = AttentionKind::kDot;
+  L.d_model = 64;
+  L.heads = 1;
+  L.head_dim_qk = L.head_dim_v = 8;
+  L.wq = L.wk = L.wv = Eigen::MatrixXd::Constant(8, 64, 0.01);
+  L.wo = Eigen::MatrixXd::Constant(64, 8, 0.01);
+  TokenCover cover;
+  cover.center = Eigen::MatrixXd::Zero(60, 64);
+  cover.radius = Eigen::VectorXd::Constant(60, 0.1);
+  BoundOptions o;
+  o.dense_limit = 60 * 64;
+  ASSERT_GT(CentredEngineSecondsEstimate(L, 60), 10.0);  // else this test would run it
+  o.deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  const EngineBound b = CentredBound(L, cover, o);
+  EXPECT_TRUE(b.timed_out);
+  EXPECT_EQ(b.upper.value(), kInf);
+  EXPECT_NE(b.note.find("predicted"), std::string::npos) << b.note;
+}
+
+TEST(CentredEngineTest, RefusalNamesTheReason) {
+  AttentionLayer L;
+  L.d_model = 8;
+  BoundOptions o;
+  o.dense_limit = 32;
+  EXPECT_EQ(CentredEngineRefusal(L, 4, o), "");
+  EXPECT_NE(CentredEngineRefusal(L, 5, o).find("dense_limit"), std::string::npos);
+  o.norm = NormKind::kLinf;
+  EXPECT_EQ(CentredEngineRefusal(L, 4, o), "norm 2 only");
+  // CentredBound refuses exactly where the predicate does.
+  std::mt19937_64 rng(57);
+  int refused = 0, ran = 0;
+  for (int t = 0; t < 40; ++t) {
+    const Case c = RandomCase(rng);
+    BoundOptions bo;
+    bo.norm = c.norm;
+    bo.dense_limit = 6;
+    const std::string why = CentredEngineRefusal(c.layer, c.set.tokens(), bo);
+    if (why.empty()) {
+      EXPECT_NO_THROW(CentredBound(c.layer, CoverOf(c.set), bo));
+      ++ran;
+    } else {
+      EXPECT_THROW(CentredBound(c.layer, CoverOf(c.set), bo), std::invalid_argument);
+      ++refused;
+    }
+  }
+  EXPECT_GT(refused, 0);
+  EXPECT_GT(ran, 0);
+}
+
+// The cost estimate grows with the size, about as (N D)^2 (as measured) at these sizes.
+TEST(CentredEngineTest, CostEstimateGrowsWithSize) {
+  AttentionLayer L;
+  L.d_model = 16;
+  L.heads = 2;
+  L.head_dim_qk = L.head_dim_v = 8;
+  const double small = CentredEngineCostEstimate(L, 32), big = CentredEngineCostEstimate(L, 64);
+  EXPECT_GT(small, 0);
+  EXPECT_GT(big, 3.9 * small);
+  EXPECT_LT(big, 9 * small);
+}
+
+}  // namespace
+}  // namespace lipcert
