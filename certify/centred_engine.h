@@ -23,10 +23,11 @@ std::string CentredEngineRefusal(const AttentionLayer& layer, int tokens, const 
 // arithmetic on the sizes only.
 double CentredEngineCostEstimate(const AttentionLayer& layer, int tokens);
 
-// The rate of CentredBound in these operations, measured on 2 shared cores (dot layers,
-// 4 heads, N D = 256 ... 2048: within 15% of the measured seconds), and the predicted
-// seconds at a rate.
-inline constexpr double kCentredEngineFlopsPerSecond = 1.1e9;
+// The rate of CentredBound in these operations on an idle 2-core machine, and the
+// predicted seconds at a rate. Optimistic on purpose: the engine is not started only when
+// even an idle machine could not finish before the deadline; on a loaded one (1.1e9 was
+// measured at a load average of 15 on 2 cores) the deadline checks inside stop it.
+inline constexpr double kCentredEngineFlopsPerSecond = 1e10;
 double CentredEngineSecondsEstimate(const AttentionLayer& layer, int tokens,
                                     double flops_per_second = kCentredEngineFlopsPerSecond);
 

@@ -25,6 +25,13 @@ double Certificate::gap() const {
   return upper_bound.value() / lower_bound.value();
 }
 
+const EngineResult* Certificate::Winner() const {
+  const EngineResult* best = nullptr;
+  for (const EngineResult& e : engines)
+    if (e.applied && std::isfinite(e.upper.value()) && (!best || e.upper.value() < best->upper.value())) best = &e;
+  return best;
+}
+
 namespace {
 // JSON has no infinity: an unbounded value is written as null.
 nlohmann::json Num(double v) { return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr); }
@@ -52,10 +59,26 @@ nlohmann::json ToJson(const Certificate& c) {
   nlohmann::json engines = nlohmann::json::object(), details = nlohmann::json::array();
   for (const EngineResult& e : c.engines) {
     engines[e.name] = Num(e.upper.value());
-    details.push_back({{"name", e.name}, {"upper_bound", Num(e.upper.value())}, {"seconds", e.seconds}, {"applied", e.applied}, {"note", e.note}});
+    nlohmann::json terms = nlohmann::json::array();
+    for (const BoundTerm& t : e.terms) terms.push_back({{"name", t.name}, {"upper_bound", Num(t.value.value())}});
+    details.push_back({{"name", e.name},
+                       {"upper_bound", Num(e.upper.value())},
+                       {"seconds", e.seconds},
+                       {"applied", e.applied},
+                       {"note", e.note},
+                       {"terms", terms}});
   }
   j["engines"] = engines;
   j["engine_details"] = details;
+  // The engine that won and its largest term: "why is my bound large".
+  if (const EngineResult* w = c.Winner()) {
+    nlohmann::json winner = {{"engine", w->name}};
+    const BoundTerm* top = nullptr;
+    for (const BoundTerm& t : w->terms)
+      if (!top || t.value.value() > top->value.value()) top = &t;
+    if (top) winner["dominant_term"] = {{"name", top->name}, {"upper_bound", Num(top->value.value())}};
+    j["winner"] = winner;
+  }
   j["witness"] = {{"origin", c.witness.origin},
                   {"value", Num(c.witness.value)},
                   {"lower_bound", Num(c.witness.lower.value())}};
@@ -95,6 +118,12 @@ std::string Summary(const Certificate& c) {
       os << e.upper.value();
   }
   os << "\n";
+  if (const EngineResult* w = c.Winner(); w && !w->terms.empty()) {
+    os << "  " << w->name << " =";
+    for (size_t i = 0; i < w->terms.size(); ++i)
+      os << (i ? " + " : " ") << w->terms[i].name << " " << w->terms[i].value.value();
+    os << "\n";
+  }
   for (const std::string& n : c.notes) os << "  note: " << n << "\n";
   if (c.invertibility)
     os << "  residual Lip(g) <= " << c.invertibility->lip_g_upper.value()

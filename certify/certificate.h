@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "certify/engine_bound.h"
 #include "certify/input_set.h"
 #include "interval/rounding.h"
 #include "models/attention_layer.h"
@@ -36,6 +37,8 @@ struct EngineResult {
   double seconds = 0;
   std::string note;           // why it did not apply, or pieces explored
   bool applied = true;        // false: refused (norm, size), `note` says why
+  // The summands of `upper` (certify/engine_bound.h): which term dominates.
+  std::vector<BoundTerm> terms;
 };
 
 // For the sublayer X + g(X): certified invertible on the set when Lip(g) < 1.
@@ -83,6 +86,8 @@ struct Certificate {
 
   // upper / lower (+inf when the lower bound is 0).
   double gap() const;
+  // The engine whose bound is the certificate's (nullptr when none is finite).
+  const EngineResult* Winner() const;
 };
 
 nlohmann::json ToJson(const Certificate& c);

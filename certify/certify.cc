@@ -8,7 +8,9 @@
 
 #include "certify/branch_and_bound.h"
 #include "certify/closed_form.h"
-#include "certify/jacobian_bounds.h"
+#include "certify/block_norm_engine.h"
+#include "certify/centred_engine.h"
+#include "certify/token_cover.h"
 #include "interval/elementary.h"
 #include "interval/fp_environment.h"
 
@@ -51,6 +53,10 @@ class RunClock {
   explicit RunClock(double limit_s) : start_(Clock::now()), limit_s_(limit_s) {}
   double Elapsed() const { return std::chrono::duration<double>(Clock::now() - start_).count(); }
   double Left() const { return std::max(0.0, limit_s_ - Elapsed()); }
+  // The time point `fraction` of the limit after the start.
+  Clock::time_point At(double fraction) const {
+    return start_ + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(fraction * limit_s_));
+  }
 
  private:
   Clock::time_point start_;
@@ -91,9 +97,14 @@ Certificate Skeleton(const AttentionLayer& L, const InputSet& set, const Certify
 
 // Every certified bound enters the certificate through here: the certificate's bound is
 // the minimum over the engines.
-void Record(Certificate* c, const std::string& name, UpperBound upper, double seconds, const std::string& note = "") {
-  c->engines.push_back({name, upper, seconds, note});
+void Record(Certificate* c, const std::string& name, UpperBound upper, double seconds, const std::string& note = "",
+            std::vector<BoundTerm> terms = {}) {
+  c->engines.push_back({name, upper, seconds, note, true, std::move(terms)});
   c->upper_bound = Min(c->upper_bound, upper);
+}
+
+void Record(Certificate* c, const std::string& name, const EngineBound& b, double seconds) {
+  Record(c, name, b.upper, seconds, b.note, b.terms);
 }
 
 void Refused(Certificate* c, const std::string& name, const std::string& why) {
@@ -127,32 +138,29 @@ void RunSearch(const AttentionLayer& L, const InputSet& set, const CertifyOption
   if (witness) *witness = {sr.best.x, sr.best.v};
 }
 
-BoundOptions BoundOptionsOf(const CertifyOptions& o) {
+BoundOptions BoundOptionsOf(const CertifyOptions& o, Clock::time_point deadline) {
   BoundOptions bo;
   bo.norm = o.norm;
   bo.dense_limit = o.engines.dense_limit;
+  bo.deadline = deadline;
   return bo;
 }
 
-// Why the centred engine does not run on this cover ("" when it does).
-std::string CentredRefusal(const TokenCover& cover, const CertifyOptions& o) {
-  if (o.norm != NormKind::kL2) return "norm 2 only";
-  if (long(cover.center.size()) > o.engines.dense_limit) return "N*D above dense_limit";
-  return "";
-}
-
-// 3. The structured bound engines on the whole set. Returns the seconds they took.
+// 3. The structured bound engines on the whole set, by the end of the time that is not
+// the search's: the centred engine does not start when its predicted time does not fit,
+// and either engine stops at the deadline with +inf (never a partial number). Returns
+// the seconds they took.
 double RunStructuredEngines(const AttentionLayer& L, const TokenCover& cover, const CertifyOptions& o,
                             const RunClock& clock, Certificate* c) {
-  const BoundOptions bo = BoundOptionsOf(o);
+  const BoundOptions bo = BoundOptionsOf(o, clock.At(1 - o.search.share));
   const auto start = Clock::now();
-  const auto [block, block_s] = Timed([&] { return BlockNormUpperBound(L, cover, bo); });
+  const auto [block, block_s] = Timed([&] { return BlockNormBound(L, cover, bo); });
   Record(c, "block_norm", block, block_s);
   Progress(o, "block_norm", *c, clock.Elapsed());
-  if (const std::string why = CentredRefusal(cover, o); !why.empty()) {
+  if (const std::string why = CentredEngineRefusal(L, int(cover.center.rows()), bo); !why.empty()) {
     Refused(c, "centred", why);
   } else {
-    const auto [centred, centred_s] = Timed([&] { return CentredUpperBound(L, cover, bo); });
+    const auto [centred, centred_s] = Timed([&] { return CentredBound(L, cover, bo); });
     Record(c, "centred", centred, centred_s);
     Progress(o, "centred", *c, clock.Elapsed());
   }
@@ -204,16 +212,23 @@ void RunBranchAndBound(const AttentionLayer& L, const InputSet& set, const Certi
 }
 
 // 5. The residual sublayer X + g(X) is certified invertible on the set where Lip(g) < 1.
-void CertifyInvertibility(const AttentionLayer& L, const TokenCover& cover, const CertifyOptions& o,
-                          double centred_seconds, const RunClock& clock, Certificate* c) {
-  BoundOptions g = BoundOptionsOf(o);
+// The block-norm bound on g comes with stage 3 (it is cheap); the centred one only when
+// it fits before the run's deadline.
+Invertibility BlockNormInvertibility(const AttentionLayer& L, const TokenCover& cover, const CertifyOptions& o,
+                                     const RunClock& clock) {
+  BoundOptions g = BoundOptionsOf(o, clock.At(1));
   g.exclude_residual = true;
   Invertibility inv;
-  // The block-norm bound is cheap; the centred one only if it fits in the time left (it
-  // takes about as long as it took in stage 3).
-  inv.lip_g_upper = BlockNormUpperBound(L, cover, g);
-  if (CentredRefusal(cover, o).empty() && centred_seconds <= clock.Left())
-    inv.lip_g_upper = Min(inv.lip_g_upper, CentredUpperBound(L, cover, g));
+  inv.lip_g_upper = BlockNormBound(L, cover, g).upper;
+  return inv;
+}
+
+void CertifyInvertibility(const AttentionLayer& L, const TokenCover& cover, const CertifyOptions& o,
+                          const RunClock& clock, Invertibility inv, Certificate* c) {
+  BoundOptions g = BoundOptionsOf(o, clock.At(1));
+  g.exclude_residual = true;
+  if (CentredEngineRefusal(L, int(cover.center.rows()), g).empty())
+    inv.lip_g_upper = Min(inv.lip_g_upper, CentredBound(L, cover, g).upper);
   inv.certified = inv.lip_g_upper.value() < 1;
   if (inv.certified) inv.bi_lipschitz_lower = LowerBound(SubDown(1.0, inv.lip_g_upper.value()));
   inv.bi_lipschitz_upper = Min(c->upper_bound, UpperBound(AddUp(1.0, inv.lip_g_upper.value())));
@@ -238,12 +253,13 @@ Certificate Certify(const AttentionLayer& L, const InputSet& set, const CertifyO
 
   RunClosedForms(L, set, o, &c);
   const double root_seconds = RunStructuredEngines(L, cover, o, clock, &c);
+  const Invertibility residual = L.residual() ? BlockNormInvertibility(L, cover, o, clock) : Invertibility{};
   RunSearch(L, set, o, SearchSeconds(set, o, root_seconds, clock), &c, witness);
   Progress(o, "search", c, clock.Elapsed());
   if (o.on_improvement) o.on_improvement(c);
   RunBranchAndBound(L, set, o, root_seconds, clock, &c);
   if (c.upper_bound.value() <= MulDown(c.lower_bound.value(), 1 + o.tolerance)) c.status = CertificateStatus::kTolerance;
-  if (L.residual()) CertifyInvertibility(L, cover, o, root_seconds, clock, &c);
+  if (L.residual()) CertifyInvertibility(L, cover, o, clock, residual, &c);
 
   c.fp_environment_repaired = fp_guard.repaired() || FpEnvironmentRepairs() > repairs_before;
   c.elapsed_s = clock.Elapsed();
