@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "certify/input_set.h"
+#include "interval/rounding.h"
 #include "models/attention_layer.h"
 
 namespace lipcert {
@@ -49,7 +50,7 @@ struct Witness {
   Eigen::MatrixXd x;         // the point X*, (N, D), inside the set
   Eigen::MatrixXd v;         // the direction (N, D): unit Frobenius (kL2) or a sign matrix (kLinf)
   double value = 0;          // floating estimate of ||J(X*) v|| / ||v||
-  double lower_bound = 0;    // rigorous: lower_bound <= ||J(X*) v|| / ||v|| (0 when not evaluated)
+  LowerBound lower_bound{0}; // rigorous: lower_bound <= ||J(X*) v|| / ||v|| (0 when not evaluated)
   std::string origin;        // "centre", "sample", "boundary", "split-attention", "mass-unbalanced",
                              // "mass-split", "perturb"; "ascent:<origin>" after ascent
 };

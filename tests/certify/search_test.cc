@@ -6,10 +6,15 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
 #include <random>
 
 #include "certify/witness_eval.h"
+#include "models/centre.h"
 #include "models/forward.h"
+#include "models/loader.h"
 #include "tests/common/random_layer.h"
 #include "tests/common/test_scale.h"
 
@@ -58,14 +63,29 @@ SearchOptions QuickOptions(NormKind norm, double seconds) {
   return o;
 }
 
+// A bit-exact fingerprint of a result: the witness's x and v, value and lower bound.
+uint64_t Fingerprint(const SearchResult& r) {
+  uint64_t h = 1469598103934665603ULL;
+  auto mix = [&](double t) {
+    uint64_t b;
+    std::memcpy(&b, &t, sizeof b);
+    h = (h ^ b) * 1099511628211ULL;
+  };
+  for (Eigen::Index k = 0; k < r.best.x.size(); ++k) mix(r.best.x.data()[k]);
+  for (Eigen::Index k = 0; k < r.best.v.size(); ++k) mix(r.best.v.data()[k]);
+  mix(r.best.value);
+  mix(r.best.lower_bound.value());
+  return h;
+}
+
 void CheckWitness(const AttentionLayer& L, const InputSet& set, NormKind norm, const SearchResult& r) {
   const Witness& w = r.best;
   ASSERT_EQ(w.x.rows(), set.tokens());
   EXPECT_TRUE(set.Contains(w.x, 1e-12));
   EXPECT_TRUE(CertainlyInSet(set, w.x));
-  EXPECT_GT(w.lower_bound, 0);
-  EXPECT_LE(w.lower_bound, w.value);
-  EXPECT_GE(w.lower_bound, w.value * (1 - 1e-9));
+  EXPECT_GT(w.lower_bound.value(), 0);
+  EXPECT_LE(w.lower_bound.value(), w.value);
+  EXPECT_GE(w.lower_bound.value(), w.value * (1 - 1e-9));
   const double truth = TrueNorm(L, w.x, norm);
   EXPECT_LE(w.value, truth * (1 + 1e-9));
   // The direction's own value, recomputed here.
@@ -77,6 +97,7 @@ void CheckWitness(const AttentionLayer& L, const InputSet& set, NormKind norm, c
   EXPECT_GE(w.value, TrueNorm(L, set.center, norm) * (1 - 1e-9));
   EXPECT_GT(r.points_evaluated, 0);
   EXPECT_FALSE(w.origin.empty());
+  std::printf("[ FP ] %016llx %.17g\n", (unsigned long long)Fingerprint(r), w.value);  // TEMP
 }
 
 struct Case {
@@ -196,7 +217,7 @@ TEST(Search, L2AttentionN2MatchesGrid) {
   const InputSet set = MakeSet(SetKind::kTokens, Eigen::MatrixXd::Zero(2, 1), 3.0);
   const SearchResult r = SearchLowerBound(L, set, QuickOptions(NormKind::kL2, 5.0));
   CheckWitness(L, set, NormKind::kL2, r);
-  EXPECT_GE(r.best.lower_bound, grid - 1e-6) << "grid " << grid;
+  EXPECT_GE(r.best.lower_bound.value(), grid - 1e-6) << "grid " << grid;
 }
 
 // L2 attention, D = H = 1, unit weights, l_inf norm: x_1 = 0 and the other tokens split
@@ -223,7 +244,7 @@ TEST(Search, L2AttentionInfNormReachesKimConstruction) {
     const SearchResult r = SearchLowerBound(L, set, o);
     SCOPED_TRACE("N = " + std::to_string(n));
     CheckWitness(L, set, NormKind::kLinf, r);
-    EXPECT_GE(r.best.lower_bound, construction * (1 - 1e-9)) << "search " << r.best.value;
+    EXPECT_GE(r.best.lower_bound.value(), construction * (1 - 1e-9)) << "search " << r.best.value;
     std::printf("[ l2 inf N=%d ] construction %.6f search %.6f (%s)\n", n, construction, r.best.value,
                 r.best.origin.c_str());
   }
@@ -245,10 +266,46 @@ TEST(Search, DotAttentionReachesUnbalancedMass) {
     const SearchResult r = SearchLowerBound(L, set, QuickOptions(NormKind::kL2, 5.0));
     SCOPED_TRACE("N = " + std::to_string(n));
     CheckWitness(L, set, NormKind::kL2, r);
-    EXPECT_GE(r.best.lower_bound, construction * (1 - 1e-9));
+    EXPECT_GE(r.best.lower_bound.value(), construction * (1 - 1e-9));
     std::printf("[ dot N=%d ] formula %.6f construction %.6f search %.6f (%s)\n", n, formula, construction,
                 r.best.value, r.best.origin.c_str());
   }
+}
+
+// Same seed and max_rounds: bit-identical witnesses, on a trained zoo layer (N*D = 2048,
+// the engine's iterative path), whatever the thread count.
+TEST(Search, ZooLayerIsDeterministic) {
+  const std::string dir = std::string(LIPCERT_SOURCE_DIR) + "/models/zoo/";
+  const LoadedModel m = LoadModel(dir + "dot-layer0.safetensors");
+  ASSERT_EQ(m.layers.size(), 1u);
+  const AttentionLayer& L = m.layers[0];
+  const Eigen::MatrixXd x0 = LoadCentre(dir + "dot-layer0-centres.safetensors:x0", 32, L.d_model);
+  InputSet set = MakeSet(SetKind::kBall, x0, 0.01 * x0.norm());
+  int checked = 0;
+  for (NormKind norm : {NormKind::kL2, NormKind::kLinf}) {
+    SearchOptions o;
+    o.norm = norm;
+    o.time_limit_s = 600;  // rounds, not time, stop it
+    o.starts = 4;
+    o.max_steps = 4;
+    o.max_rounds = 2;
+    o.threads = 1;
+    const SearchResult a = SearchLowerBound(L, set, o);
+    const SearchResult b = SearchLowerBound(L, set, o);
+    o.threads = 2;
+    const SearchResult c = SearchLowerBound(L, set, o);
+    SCOPED_TRACE(NormKindToString(norm));
+    EXPECT_EQ(Fingerprint(a), Fingerprint(b));
+    EXPECT_EQ(Fingerprint(a), Fingerprint(c));
+    EXPECT_EQ(a.points_evaluated, c.points_evaluated);
+    EXPECT_EQ(a.ascent_steps, c.ascent_steps);
+    EXPECT_GT(a.best.lower_bound.value(), 0);
+    std::printf("[ zoo %s ] value %.17g lower %.17g origin %s points %d steps %d fingerprint %016llx\n",
+                NormKindToString(norm), a.best.value, a.best.lower_bound.value(), a.best.origin.c_str(),
+                a.points_evaluated, a.ascent_steps, (unsigned long long)Fingerprint(a));
+    ++checked;
+  }
+  EXPECT_EQ(checked, 2);
 }
 
 }  // namespace
