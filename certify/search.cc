@@ -94,17 +94,30 @@ class Search {
 
   bool PastDeadline() const { return Clock::now() >= deadline_; }
 
+  // The round's points; for kLinf (with exact_inf_centre) the centre, round 0's first,
+  // comes with its exact largest row, so that no witness falls below ||J(X0)||_inf.
   std::vector<Candidate> Candidates(int round) {
-    return search_parts::RoundCandidates(layer_, set_, opts_, round, elite_.points(), rng_);
+    std::vector<Candidate> cands = search_parts::RoundCandidates(layer_, set_, opts_, round, elite_.points(), rng_);
+    if (round == 0 && opts_.norm == NormKind::kLinf && opts_.exact_inf_centre) {
+      const auto t = Clock::now();
+      centre_exact_ = {set_.center, "centre", search_parts::ExactInfTop(oracles_, set_.center)};
+      evaluations_.fetch_add(1);
+      cands.front().pair = centre_exact_.pair;
+      if (opts_.verbose)
+        std::fprintf(stderr, "search: exact l_inf norm at the centre %.9g (row %d of %d, %.2f s)\n",
+                     centre_exact_.pair.value, centre_exact_.pair.row, int(set_.center.size()),
+                     std::chrono::duration<double>(Clock::now() - t).count());
+    }
+    return cands;
   }
 
-  // The top direction at every candidate (the first always, the rest until the
-  // deadline), recorded in the elite.
+  // The top direction at every candidate that has none yet (the first always, the rest
+  // until the deadline), recorded in the elite.
   void Screen(int round, std::vector<Candidate>& cands) {
     TopParams screen;
     screen.iters = 12;
     ParallelFor(int(cands.size()), threads_, [&](int i, int worker) {
-      if (i > 0 && PastDeadline()) return;
+      if (cands[i].pair.value >= 0 || (i > 0 && PastDeadline())) return;
       cands[i].pair = ComputeTop(*oracles_[worker], cands[i].x, opts_.norm, nullptr, screen);
       evaluations_.fetch_add(1);
     });
@@ -158,16 +171,19 @@ class Search {
                    elite_.points().front().pair.value, elite_.points().front().origin.c_str());
   }
 
-  // The top few elite points, each moved certainly into the set, with an accurate top
-  // direction and its reference value; the best of them.
+  // The top few elite points (and for kLinf the centre with its exact row), each moved
+  // certainly into the set, with an accurate top direction and its reference value; the
+  // best of them.
   Witness Polish() {
     TopParams fine;
     fine.dense_limit = 256;
     fine.iters = 30;
     Witness best;
     best.value = -1;
-    const std::vector<Candidate>& elite = elite_.points();
-    for (size_t e = 0; e < std::min<size_t>(3, elite.size()); ++e) {
+    std::vector<Candidate> elite(elite_.points().begin(),
+                                 elite_.points().begin() + std::min<size_t>(3, elite_.points().size()));
+    if (centre_exact_.pair.value >= 0) elite.push_back(centre_exact_);
+    for (size_t e = 0; e < elite.size(); ++e) {
       MatrixXd x = elite[e].x;
       // The final point must be inside the set, not merely within rounding of it.
       for (int k = 0; k < 40 && !CertainlyInSet(set_, x); ++k)
@@ -205,6 +221,7 @@ class Search {
   Elite elite_;
   std::vector<std::unique_ptr<Oracle>> oracles_;
   Oracle fine_oracle_;
+  Candidate centre_exact_;  // kLinf: the centre with its exact largest row (else unset)
   std::atomic<int> evaluations_{0};
   SearchResult result_;
 };
@@ -229,6 +246,17 @@ TopDirection TopDirectionAt(const AttentionLayer& layer, const MatrixXd& x, Norm
   tp.dense_limit = dense_limit;
   tp.iters = 30;
   const Pair p = ComputeTop(o, x, norm, nullptr, tp);
+  return {p.value, p.u, p.v};
+}
+
+TopDirection ExactInfDirectionAt(const AttentionLayer& layer, const MatrixXd& x, int threads) {
+  if (std::string e = ValidateLayer(layer); !e.empty()) throw std::invalid_argument("layer: " + e);
+  if (x.cols() != layer.d_model || x.rows() < 1)
+    throw std::invalid_argument("x: must be N x " + std::to_string(layer.d_model));
+  std::vector<std::unique_ptr<Oracle>> oracles;
+  for (int t = 0; t < WorkerCount(threads, int(x.size())); ++t)
+    oracles.push_back(std::make_unique<Oracle>(layer, int(x.rows()), search_parts::kFineTol, search_parts::kFineIters));
+  const Pair p = search_parts::ExactInfTop(oracles, x);
   return {p.value, p.u, p.v};
 }
 

@@ -14,8 +14,9 @@
 // singular directions of the per-head query-key matrices, duplicated-then-perturbed
 // tokens); then projected gradient ascent with backtracking from the best `starts` of
 // those, in parallel; then further rounds from perturbations of the best points until the
-// time limit. Deterministic for a given seed when the time limit is not what stops it
-// (the thread count only changes who computes what, never the result).
+// time limit. For kLinf the centre's direction is exact (all N*D rows of J), so the
+// witness is never below ||J(X0)||_inf. Deterministic for a given seed when the time limit
+// is not what stops it (the thread count only changes who computes what, never the result).
 #pragma once
 
 #include <Eigen/Dense>
@@ -39,6 +40,8 @@ struct SearchOptions {
   NormKind norm = NormKind::kL2;
   int threads = 0;           // 0: std::thread::hardware_concurrency()
   bool structured = true;    // include the theory's structured starts
+  bool exact_inf_centre = true;  // kLinf: the centre's exact largest row (N*D VJPs, not
+                                 // bounded by time_limit_s; see docs/search.md for the cost)
   bool rigorous = true;      // re-evaluate the final witness in interval arithmetic
   bool verbose = false;      // progress lines on stderr
 };
@@ -83,5 +86,10 @@ struct TopDirection {
 // v, a lower bound of the true norm up to rounding.
 TopDirection TopDirectionAt(const AttentionLayer& layer, const Eigen::MatrixXd& x, NormKind norm,
                             int dense_limit = 256);
+
+// kLinf, exact: max_r ||row_r(J(x))||_1 over all N*D rows of J (N*D VJPs through
+// kernels/engine.h, in blocks over `threads` workers, 0 = all cores; the same result for
+// any count), with u = e_r and v = sign(row_r). The search starts from this at the centre.
+TopDirection ExactInfDirectionAt(const AttentionLayer& layer, const Eigen::MatrixXd& x, int threads = 0);
 
 }  // namespace lipcert

@@ -97,7 +97,6 @@ void CheckWitness(const AttentionLayer& L, const InputSet& set, NormKind norm, c
   EXPECT_GE(w.value, TrueNorm(L, set.center, norm) * (1 - 1e-9));
   EXPECT_GT(r.points_evaluated, 0);
   EXPECT_FALSE(w.origin.empty());
-  std::printf("[ FP ] %016llx %.17g\n", (unsigned long long)Fingerprint(r), w.value);  // TEMP
 }
 
 struct Case {
@@ -303,6 +302,58 @@ TEST(Search, ZooLayerIsDeterministic) {
     std::printf("[ zoo %s ] value %.17g lower %.17g origin %s points %d steps %d fingerprint %016llx\n",
                 NormKindToString(norm), a.best.value, a.best.lower_bound.value(), a.best.origin.c_str(),
                 a.points_evaluated, a.ascent_steps, (unsigned long long)Fingerprint(a));
+    ++checked;
+  }
+  EXPECT_EQ(checked, 2);
+}
+
+// The exact l_inf norm at a point from all N*D rows of J (batched VJPs) equals the dense
+// Jacobian's largest row sum, for any worker count.
+TEST(Search, ExactInfNormMatchesDenseRowSums) {
+  std::mt19937_64 rng(31);
+  int checked = 0;
+  for (bool ln : {false, true}) {
+    const AttentionLayer L = RandomLayer(ln ? AttentionKind::kL2 : AttentionKind::kDot, !ln, !ln, ln, 12, 3, 4, rng, 1.5);
+    const Eigen::MatrixXd x = Eigen::MatrixXd::Random(23, 12);  // N*D = 276, not a multiple of the block
+    const double truth = TrueNorm(L, x, NormKind::kLinf);
+    const TopDirection one = ExactInfDirectionAt(L, x, 1);
+    const TopDirection three = ExactInfDirectionAt(L, x, 3);
+    EXPECT_NEAR(one.value, truth, 1e-12 * truth);
+    EXPECT_EQ(one.value, three.value);
+    EXPECT_EQ(one.v, three.v);
+    // v is the sign vector of the row e_r picks out: <e_r, J v> is the value.
+    const Eigen::MatrixXd jv = Jvp<double>(L, Evaluate<double>(L, x), one.v);
+    EXPECT_NEAR((jv.array() * one.u.array()).sum(), one.value, 1e-12 * truth);
+    EXPECT_EQ(one.v.cwiseAbs().minCoeff(), 1.0);
+    ++checked;
+  }
+  EXPECT_EQ(checked, 2);
+}
+
+// With --norm inf the witness is never below the exact norm at the centre, also where
+// N*D is past the dense limits (screening 16, polish 256) and Hager's estimator decides.
+TEST(Search, InfWitnessIsAtLeastTheCentresExactNorm) {
+  std::mt19937_64 rng(17);
+  int checked = 0;
+  for (double radius : {0.0, 0.05}) {
+    const AttentionLayer L = RandomLayer(AttentionKind::kDot, true, true, true, 16, 4, 4, rng, 2.0);
+    const InputSet set = MakeSet(SetKind::kBall, Eigen::MatrixXd::Random(20, 16), radius);  // N*D = 320
+    const double centre = TrueNorm(L, set.center, NormKind::kLinf);
+    SearchOptions o = QuickOptions(NormKind::kLinf, 600);
+    o.starts = 2;
+    o.max_steps = 2;
+    o.structured = false;
+    const SearchResult r = SearchLowerBound(L, set, o);
+    SCOPED_TRACE("radius " + std::to_string(radius) + " best " + std::to_string(r.best.value) + " from " +
+                 r.best.origin);
+    EXPECT_GE(r.best.value, centre * (1 - 1e-12));
+    EXPECT_GE(r.best.lower_bound.value(), centre * (1 - 1e-9));
+    EXPECT_LE(r.best.lower_bound.value(), r.best.value);
+    EXPECT_TRUE(CertainlyInSet(set, r.best.x));
+    double centre_value = -1;
+    for (const auto& [origin, v] : r.best_by_origin)
+      if (origin == "centre") centre_value = v;
+    EXPECT_NEAR(centre_value, centre, 1e-12 * centre);
     ++checked;
   }
   EXPECT_EQ(checked, 2);
