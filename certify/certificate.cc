@@ -81,7 +81,7 @@ nlohmann::json ToJson(const Certificate& c) {
   }
   j["witness"] = {{"origin", c.witness.origin},
                   {"value", Num(c.witness.value)},
-                  {"lower_bound", Num(c.witness.lower.value())}};
+                  {"lower_bound", Num(c.witness.lower_bound.value())}};
   if (c.invertibility) {
     const Invertibility& inv = *c.invertibility;
     j["invertibility"] = {{"residual_lipschitz_upper", Num(inv.lip_g_upper.value())},

@@ -9,6 +9,7 @@
 
 #include "certify/engine_bound.h"
 #include "certify/input_set.h"
+#include "certify/witness.h"
 #include "interval/rounding.h"
 #include "models/attention_layer.h"
 
@@ -49,12 +50,6 @@ struct Invertibility {
   UpperBound bi_lipschitz_upper{kInf};  // min(1 + lip_g_upper, upper_bound)
 };
 
-struct WitnessSummary {
-  std::string origin;
-  double value = 0;           // floating estimate at the witness
-  LowerBound lower{0};        // rigorous
-};
-
 struct Certificate {
   Provenance provenance;
   // The layer.
@@ -70,7 +65,7 @@ struct Certificate {
   UpperBound upper_bound{kInf};   // certified: sup_S ||J|| <= upper_bound
   LowerBound lower_bound{0};      // witnessed and rigorously evaluated
   std::vector<EngineResult> engines;
-  WitnessSummary witness;
+  Witness witness;           // of lower_bound (the point and direction too)
   std::optional<Invertibility> invertibility;
   std::string rounding_model, exp_backend;
   // The floating-point environment (rounding mode, FTZ/DAZ) was not the rounding model's

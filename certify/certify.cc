@@ -125,7 +125,7 @@ void RunClosedForms(const AttentionLayer& L, const InputSet& set, const CertifyO
 
 // 2. The witnessed lower bound, with its share of the time.
 void RunSearch(const AttentionLayer& L, const InputSet& set, const CertifyOptions& o, double seconds,
-               Certificate* c, WitnessData* witness) {
+               Certificate* c) {
   SearchOptions so;
   so.norm = o.norm;
   so.seed = o.seed;
@@ -133,9 +133,8 @@ void RunSearch(const AttentionLayer& L, const InputSet& set, const CertifyOption
   so.max_rounds = o.search.max_rounds;
   so.time_limit_s = seconds;
   const SearchResult sr = SearchLowerBound(L, set, so);
-  c->lower_bound = LowerBound(sr.best.lower_bound);
-  c->witness = {sr.best.origin, sr.best.value, LowerBound(sr.best.lower_bound)};
-  if (witness) *witness = {sr.best.x, sr.best.v};
+  c->lower_bound = sr.best.lower_bound;
+  c->witness = sr.best;
 }
 
 BoundOptions BoundOptionsOf(const CertifyOptions& o, Clock::time_point deadline) {
@@ -238,7 +237,7 @@ void CertifyInvertibility(const AttentionLayer& L, const TokenCover& cover, cons
 }  // namespace
 
 Certificate Certify(const AttentionLayer& L, const InputSet& set, const CertifyOptions& o,
-                    const Provenance& provenance, WitnessData* witness) {
+                    const Provenance& provenance) {
   // Certified arithmetic needs round-to-nearest with FTZ/DAZ off: repaired here (and in
   // every ParallelFor worker) if other code changed it, and recorded in the certificate.
   const auto repairs_before = FpEnvironmentRepairs();
@@ -254,7 +253,7 @@ Certificate Certify(const AttentionLayer& L, const InputSet& set, const CertifyO
   RunClosedForms(L, set, o, &c);
   const double root_seconds = RunStructuredEngines(L, cover, o, clock, &c);
   const Invertibility residual = L.residual() ? BlockNormInvertibility(L, cover, o, clock) : Invertibility{};
-  RunSearch(L, set, o, SearchSeconds(set, o, root_seconds, clock), &c, witness);
+  RunSearch(L, set, o, SearchSeconds(set, o, root_seconds, clock), &c);
   Progress(o, "search", c, clock.Elapsed());
   if (o.on_improvement) o.on_improvement(c);
   RunBranchAndBound(L, set, o, root_seconds, clock, &c);

@@ -55,14 +55,9 @@ struct CertifyOptions {
 // Returns "" when valid, else a message naming the bad field (CertifyOptions::IsValid).
 std::string ValidateCertifyOptions(const CertifyOptions& opts);
 
-// The witness of the lower bound (the input X* and the direction v).
-struct WitnessData {
-  Eigen::MatrixXd x, v;
-};
-
-// Certifies sup_{X in set} ||J_layer(X)||. Throws std::invalid_argument on invalid options
+// Certifies sup_{X in set} ||J_layer(X)||; the certificate's witness holds X* and v. Throws std::invalid_argument on invalid options
 // or a set that does not match the layer.
 Certificate Certify(const AttentionLayer& layer, const InputSet& set, const CertifyOptions& opts,
-                    const Provenance& provenance, WitnessData* witness = nullptr);
+                    const Provenance& provenance);
 
 }  // namespace lipcert

@@ -61,7 +61,7 @@ CertifyOutcome RunJob(const PreparedJob& job) {
       inner(with_note);
     };
   }
-  out.certificate = Certify(job.Layer(), job.set, options, job.provenance, &out.witness);
+  out.certificate = Certify(job.Layer(), job.set, options, job.provenance);
   if (!job.note.empty()) out.certificate.notes.push_back(job.note);
   return out;
 }

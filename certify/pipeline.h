@@ -65,8 +65,7 @@ PreparedJob PrepareJob(const CertifyRequest& request);
 PreparedJob PrepareJob(const CertifyRequest& request, LoadedModel model);
 
 struct CertifyOutcome {
-  Certificate certificate;
-  WitnessData witness;
+  Certificate certificate;   // certificate.witness holds the witness X* and v
 };
 
 // Runs the engines on a prepared job.

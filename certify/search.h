@@ -14,8 +14,9 @@
 // singular directions of the per-head query-key matrices, duplicated-then-perturbed
 // tokens); then projected gradient ascent with backtracking from the best `starts` of
 // those, in parallel; then further rounds from perturbations of the best points until the
-// time limit. Deterministic for a given seed when the time limit is not what stops it
-// (the thread count only changes who computes what, never the result).
+// time limit. For kLinf the centre's direction is exact (all N*D rows of J), so the
+// witness is never below ||J(X0)||_inf. Deterministic for a given seed when the time limit
+// is not what stops it (the thread count only changes who computes what, never the result).
 #pragma once
 
 #include <Eigen/Dense>
@@ -25,6 +26,8 @@
 #include <vector>
 
 #include "certify/input_set.h"
+#include "certify/witness.h"
+#include "interval/rounding.h"
 #include "models/attention_layer.h"
 
 namespace lipcert {
@@ -38,6 +41,8 @@ struct SearchOptions {
   NormKind norm = NormKind::kL2;
   int threads = 0;           // 0: std::thread::hardware_concurrency()
   bool structured = true;    // include the theory's structured starts
+  bool exact_inf_centre = true;  // kLinf: the centre's exact largest row (N*D VJPs, not
+                                 // bounded by time_limit_s; see docs/search.md for the cost)
   bool rigorous = true;      // re-evaluate the final witness in interval arithmetic
   bool verbose = false;      // progress lines on stderr
 };
@@ -45,11 +50,7 @@ struct SearchOptions {
 // Returns "" when valid, else a message naming the bad field.
 std::string ValidateSearchOptions(const SearchOptions& opts);
 
-struct Witness {
-  Eigen::MatrixXd x;         // the point X*, (N, D), inside the set
-  Eigen::MatrixXd v;         // the direction (N, D): unit Frobenius (kL2) or a sign matrix (kLinf)
-  double value = 0;          // floating estimate of ||J(X*) v|| / ||v||
-  double lower_bound = 0;    // rigorous: lower_bound <= ||J(X*) v|| / ||v|| (0 when not evaluated)
+// rigorous: lower_bound <= ||J(X*) v|| / ||v|| (0 when not evaluated)
   std::string origin;        // "centre", "sample", "boundary", "split-attention", "mass-unbalanced",
                              // "mass-split", "perturb"; "ascent:<origin>" after ascent
 };
@@ -82,5 +83,10 @@ struct TopDirection {
 // v, a lower bound of the true norm up to rounding.
 TopDirection TopDirectionAt(const AttentionLayer& layer, const Eigen::MatrixXd& x, NormKind norm,
                             int dense_limit = 256);
+
+// kLinf, exact: max_r ||row_r(J(x))||_1 over all N*D rows of J (N*D VJPs through
+// kernels/engine.h, in blocks over `threads` workers, 0 = all cores; the same result for
+// any count), with u = e_r and v = sign(row_r). The search starts from this at the centre.
+TopDirection ExactInfDirectionAt(const AttentionLayer& layer, const Eigen::MatrixXd& x, int threads = 0);
 
 }  // namespace lipcert

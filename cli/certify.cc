@@ -22,7 +22,7 @@ Command AddCertifyCommand(CLI::App& parent) {
             }
             const CertifyOutcome r = RunJob(job);
             if (!a->witness_out.empty())
-              WriteWitness(a->witness_out, r.witness.x, r.witness.v, r.certificate.lower_bound.value());
+              WriteWitness(a->witness_out, r.certificate.witness);
             if (!a->json_out.empty()) WriteFileAtomic(a->json_out, ToJson(r.certificate).dump(2) + "\n");
             std::cout << Summary(r.certificate);
             return 0;

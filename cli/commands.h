@@ -36,6 +36,6 @@ void AddCertifyOptions(CLI::App* app, CertifyArgs* args);
 // nothing fails at the end of a long run.
 CertifyRequest ToRequest(const CertifyArgs& args);
 // Writes the witness X* and direction v (F64 safetensors, lower bound in the metadata).
-void WriteWitness(const std::string& path, const Eigen::MatrixXd& x, const Eigen::MatrixXd& v, double lower);
+void WriteWitness(const std::string& path, const Witness& w);
 
 }  // namespace lipcert::cli

@@ -55,7 +55,7 @@ CertifyRequest ToRequest(const CertifyArgs& a) {
   return r;
 }
 
-void WriteWitness(const std::string& path, const Eigen::MatrixXd& x, const Eigen::MatrixXd& v, double lower) {
+void WriteWitness(const std::string& path, const Witness& w) {
   auto tensor = [](const Eigen::MatrixXd& m) {
     Tensor t;
     t.dtype = "F64";
@@ -65,8 +65,8 @@ void WriteWitness(const std::string& path, const Eigen::MatrixXd& x, const Eigen
     return t;
   };
   char buf[64];
-  std::snprintf(buf, sizeof buf, "%.17g", lower);
-  WriteSafetensors(path, {{"x", tensor(x)}, {"v", tensor(v)}}, {{"lower_bound", buf}});
+  std::snprintf(buf, sizeof buf, "%.17g", w.lower_bound.value());
+  WriteSafetensors(path, {{"x", tensor(w.x)}, {"v", tensor(w.v)}}, {{"lower_bound", buf}});
 }
 
 }  // namespace lipcert::cli

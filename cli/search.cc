@@ -22,8 +22,8 @@ Command AddSearchCommand(CLI::App& parent) {
             so.time_limit_s = job.options.time_limit_s;
             so.verbose = job.options.progress;
             const SearchResult r = SearchLowerBound(job.Layer(), job.set, so);
-            if (!a->witness_out.empty()) WriteWitness(a->witness_out, r.best.x, r.best.v, r.best.lower_bound);
-            std::printf("witnessed lower bound %.17g (floating %.9g, origin %s)\n", r.best.lower_bound, r.best.value,
+            if (!a->witness_out.empty()) WriteWitness(a->witness_out, r.best);
+            std::printf("witnessed lower bound %.17g (floating %.9g, origin %s)\n", r.best.lower_bound.value(), r.best.value,
                         r.best.origin.c_str());
             std::printf("%d points, %d ascent steps, %d rounds, %.1f s\n", r.points_evaluated, r.ascent_steps,
                         r.rounds, r.elapsed_s);

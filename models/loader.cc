@@ -52,38 +52,30 @@ struct Site {
   std::string prefix;  // everything before the preset's per-layer names ("transformer.h.3.")
 };
 
-constexpr const char* kBertQuery = ".attention.self.query.weight";
-constexpr const char* kGpt2Attn = ".attn.c_attn.weight";
+// A layer of an indexed preset: "<prefix><stem><index><suffix>" (bert, gpt2), e.g.
+// "transformer.h.3.attn.c_attn.weight" with stem "h." and suffix ".attn.c_attn.weight" ->
+// index 3, prefix "transformer.h.3.".
+bool IndexedSite(const std::string& name, const std::string& stem, const std::string& suffix, Site* site) {
+  if (!EndsWith(name, suffix)) return false;
+  const std::string rest = name.substr(0, name.size() - suffix.size());
+  std::string outer;
+  if (!SplitIndexed(rest, stem, &outer, &site->index)) return false;
+  site->prefix = rest + ".";
+  return true;
+}
+
 constexpr const char* kMhaIn = "in_proj_weight";
 
-std::vector<Site> FindSites(const std::string& preset, const std::vector<std::string>& names) {
-  std::vector<Site> sites;
-  for (const std::string& n : names) {
-    Site s;
-    std::string outer;
-    if (preset == "native") {
-      if (n == "q.weight") sites.push_back(s);
-    } else if (preset == "torch-mha") {
-      if (n == kMhaIn || EndsWith(n, std::string(".") + kMhaIn)) {
-        s.prefix = n.substr(0, n.size() - std::string(kMhaIn).size());
-        sites.push_back(s);
-      }
-    } else if (preset == "bert") {
-      if (EndsWith(n, kBertQuery) &&
-          SplitIndexed(n.substr(0, n.size() - std::string(kBertQuery).size()), "encoder.layer.", &outer, &s.index)) {
-        s.prefix = n.substr(0, n.size() - std::string(kBertQuery).size()) + ".";
-        sites.push_back(s);
-      }
-    } else if (preset == "gpt2") {
-      if (EndsWith(n, kGpt2Attn) &&
-          SplitIndexed(n.substr(0, n.size() - std::string(kGpt2Attn).size()), "h.", &outer, &s.index)) {
-        s.prefix = n.substr(0, n.size() - std::string(kGpt2Attn).size()) + ".";
-        sites.push_back(s);
-      }
-    }
-  }
-  return sites;
+bool NativeSite(const std::string& name, Site*) { return name == "q.weight"; }
+bool TorchMhaSite(const std::string& name, Site* site) {
+  if (name != kMhaIn && !EndsWith(name, std::string(".") + kMhaIn)) return false;
+  site->prefix = name.substr(0, name.size() - std::string(kMhaIn).size());
+  return true;
 }
+bool BertSite(const std::string& name, Site* site) {
+  return IndexedSite(name, "encoder.layer.", ".attention.self.query.weight", site);
+}
+bool Gpt2Site(const std::string& name, Site* site) { return IndexedSite(name, "h.", ".attn.c_attn.weight", site); }
 
 // Lists a few tensor names for error messages.
 std::string SomeNames(const std::vector<std::string>& names) {
@@ -257,7 +249,7 @@ std::string Require(const Checkpoint& ck, const std::string& name, const std::st
   return name;
 }
 
-AttentionLayer LoadNative(const Checkpoint& ck, Config& cfg, const LoadOptions& opts) {
+AttentionLayer LoadNative(const Checkpoint& ck, Config& cfg, const LoadOptions& opts, const Site&) {
   AttentionLayer L;
   const std::string& file = ck.path();
   const std::string* kind = ck.Metadata("kind");
@@ -503,17 +495,61 @@ void NumberTorchSites(std::vector<Site>& sites) {
   }
 }
 
+// The presets: adding one is one entry here (and its Site/Load functions above).
+struct Preset {
+  const char* name;
+  const char* expected;  // the naming shown when a forced preset finds no layer
+  const char* stem;      // per-layer stem when all layers must share one outer prefix; "" if none
+  bool (*site_of)(const std::string& tensor_name, Site* site);  // detection: is it a layer's key tensor?
+  void (*number)(std::vector<Site>& sites);  // assigns checkpoint indices (nullptr: from site_of)
+  AttentionLayer (*load)(const Checkpoint& ck, Config& cfg, const LoadOptions& opts, const Site& site);
+};
+
+const Preset kPresets[] = {
+    {"native", "q.weight", "", NativeSite, nullptr, LoadNative},
+    {"torch-mha", "[prefix.]in_proj_weight", "", TorchMhaSite, NumberTorchSites, LoadTorchMha},
+    {"bert", "[prefix.]encoder.layer.{i}.attention.self.query.weight", "encoder.layer.", BertSite, nullptr, LoadBert},
+    {"gpt2", "[prefix.]h.{i}.attn.c_attn.weight", "h.", Gpt2Site, nullptr, LoadGpt2},
+};
+
+const Preset* FindPreset(const std::string& name) {
+  for (const Preset& p : kPresets)
+    if (name == p.name) return &p;
+  return nullptr;
+}
+
+std::vector<Site> FindSites(const Preset& preset, const std::vector<std::string>& names) {
+  std::vector<Site> sites;
+  for (const std::string& n : names) {
+    Site s;
+    if (preset.site_of(n, &s)) sites.push_back(s);
+  }
+  return sites;
+}
+
+// "a, b, c" (or "a, b or c" with last_or).
+std::string JoinNames(const std::vector<std::string>& names, bool last_or) {
+  std::string s;
+  for (size_t i = 0; i < names.size(); ++i)
+    s += (i == 0 ? "" : last_or && i + 1 == names.size() ? " or " : ", ") + names[i];
+  return s;
+}
+
 }  // namespace
 
 const std::vector<std::string>& KnownPresets() {
-  static const std::vector<std::string> presets = {"native", "torch-mha", "bert", "gpt2"};
+  static const std::vector<std::string> presets = [] {
+    std::vector<std::string> names;
+    for (const Preset& p : kPresets) names.push_back(p.name);
+    return names;
+  }();
   return presets;
 }
 
 std::vector<std::string> MatchingPresets(const std::vector<std::string>& tensor_names) {
   std::vector<std::string> out;
-  for (const std::string& p : KnownPresets())
-    if (!FindSites(p, tensor_names).empty()) out.push_back(p);
+  for (const Preset& p : kPresets)
+    if (!FindSites(p, tensor_names).empty()) out.push_back(p.name);
   return out;
 }
 
@@ -522,9 +558,10 @@ LoadedModel LoadModel(const std::string& path_in, const LoadOptions& opts) {
   std::error_code ec;
   if (fs::is_directory(path, ec)) path = (fs::path(path) / "model.safetensors").string();
 
-  const auto& known = KnownPresets();
-  if (opts.preset != "auto" && std::find(known.begin(), known.end(), opts.preset) == known.end())
-    throw InputError(path, "preset", "unknown preset '" + opts.preset + "' (expected auto, native, torch-mha, bert or gpt2)");
+  std::vector<std::string> accepted = {"auto"};
+  for (const std::string& p : KnownPresets()) accepted.push_back(p);
+  if (opts.preset != "auto" && !FindPreset(opts.preset))
+    throw InputError(path, "preset", "unknown preset '" + opts.preset + "' (expected " + JoinNames(accepted, true) + ")");
   if (opts.heads < 0) throw InputError(path, "heads", "must be positive (or 0 to read it from the checkpoint)");
   if (opts.layer < -1) throw InputError(path, "layer", "must be a layer index (or -1 for all layers)");
 
@@ -538,7 +575,7 @@ LoadedModel LoadModel(const std::string& path_in, const LoadOptions& opts) {
   if (opts.preset == "auto") {
     const std::vector<std::string> matches = MatchingPresets(names);
     if (matches.empty())
-      throw InputError(path, "preset", "no known tensor naming (native, torch-mha, bert, gpt2) recognised; tensors: " +
+      throw InputError(path, "preset", "no known tensor naming (" + JoinNames(KnownPresets(), false) + ") recognised; tensors: " +
                                            SomeNames(names));
     if (matches.size() > 1) {
       std::string m;
@@ -550,20 +587,15 @@ LoadedModel LoadModel(const std::string& path_in, const LoadOptions& opts) {
     model.preset = opts.preset;
   }
 
-  std::vector<Site> sites = FindSites(model.preset, names);
-  if (sites.empty()) {
-    const char* expected = model.preset == "native"      ? "q.weight"
-                           : model.preset == "torch-mha" ? "[prefix.]in_proj_weight"
-                           : model.preset == "bert"      ? "[prefix.]encoder.layer.{i}.attention.self.query.weight"
-                                                         : "[prefix.]h.{i}.attn.c_attn.weight";
-    throw InputError(path, "preset", "preset " + model.preset + " expects tensors named " + expected +
+  const Preset& preset = *FindPreset(model.preset);
+  std::vector<Site> sites = FindSites(preset, names);
+  if (sites.empty())
+    throw InputError(path, "preset", "preset " + model.preset + " expects tensors named " + preset.expected +
                                          "; none found (tensors: " + SomeNames(names) + ")");
-  }
-  if (model.preset == "bert" || model.preset == "gpt2") {
+  if (*preset.stem) {
     // All layers must share one outer prefix ("", "bert.", "transformer.").
-    const std::string stem = model.preset == "bert" ? "encoder.layer." : "h.";
     std::set<std::string> outers;
-    for (const Site& s : sites) outers.insert(s.prefix.substr(0, s.prefix.rfind(stem)));
+    for (const Site& s : sites) outers.insert(s.prefix.substr(0, s.prefix.rfind(preset.stem)));
     if (outers.size() > 1)
       throw InputError(path, "preset", "layers found under several prefixes (" + SomeNames({outers.begin(), outers.end()}) +
                                            "); the checkpoint holds more than one model");
@@ -571,7 +603,7 @@ LoadedModel LoadModel(const std::string& path_in, const LoadOptions& opts) {
     for (const Site& s : sites) indices.insert(s.index);
     if (indices.size() != sites.size()) throw InputError(path, "preset", "a layer index appears twice");
   }
-  if (model.preset == "torch-mha") NumberTorchSites(sites);
+  if (preset.number) preset.number(sites);
   std::sort(sites.begin(), sites.end(), [](const Site& a, const Site& b) { return a.index < b.index; });
 
   if (opts.layer >= 0) {
@@ -585,10 +617,7 @@ LoadedModel LoadModel(const std::string& path_in, const LoadOptions& opts) {
   }
 
   for (const Site& site : sites) {
-    AttentionLayer L = model.preset == "native"      ? LoadNative(ck, cfg, opts)
-                       : model.preset == "torch-mha" ? LoadTorchMha(ck, cfg, opts, site)
-                       : model.preset == "bert"      ? LoadBert(ck, cfg, opts, site)
-                                                     : LoadGpt2(ck, cfg, opts, site);
+    AttentionLayer L = preset.load(ck, cfg, opts, site);
     const std::string problem = ValidateLayer(L);
     if (!problem.empty()) {
       const size_t colon = problem.find(": ");

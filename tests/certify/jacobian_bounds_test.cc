@@ -62,7 +62,7 @@ TEST(JacobianBoundsTest, EnginesDominateSearchedWitnesses) {
     so.max_rounds = 1;
     so.threads = 1;
     so.seed = 100 + t;
-    const double witness = SearchLowerBound(L, set, so).best.lower_bound;
+    const double witness = SearchLowerBound(L, set, so).best.lower_bound.value();
     BoundOptions o;
     o.norm = norm;
     const double block = BlockNormUpperBound(L, CoverOf(set), o).value();

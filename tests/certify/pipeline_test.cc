@@ -102,8 +102,9 @@ TEST(RunJobTest, CertificateIsSoundAndCarriesTheProvenance) {
   EXPECT_TRUE(std::isfinite(c.upper_bound.value()));
   EXPECT_NE(c.status, CertificateStatus::kInProgress);
   EXPECT_EQ(c.provenance.centre_source, ZooRequest().set.centre);
-  EXPECT_EQ(out.witness.x.rows(), c.tokens);
-  EXPECT_EQ(out.witness.v.cols(), c.d_model);
+  EXPECT_EQ(c.witness.x.rows(), c.tokens);
+  EXPECT_EQ(c.witness.v.cols(), c.d_model);
+  EXPECT_EQ(c.witness.lower_bound.value(), c.lower_bound.value());
 }
 
 TEST(RunJobTest, IntermediateCertificatesAreInProgress) {

@@ -6,10 +6,15 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
 #include <random>
 
 #include "certify/witness_eval.h"
+#include "models/centre.h"
 #include "models/forward.h"
+#include "models/loader.h"
 #include "tests/common/random_layer.h"
 #include "tests/common/test_scale.h"
 
@@ -58,14 +63,29 @@ SearchOptions QuickOptions(NormKind norm, double seconds) {
   return o;
 }
 
+// A bit-exact fingerprint of a result: the witness's x and v, value and lower bound.
+uint64_t Fingerprint(const SearchResult& r) {
+  uint64_t h = 1469598103934665603ULL;
+  auto mix = [&](double t) {
+    uint64_t b;
+    std::memcpy(&b, &t, sizeof b);
+    h = (h ^ b) * 1099511628211ULL;
+  };
+  for (Eigen::Index k = 0; k < r.best.x.size(); ++k) mix(r.best.x.data()[k]);
+  for (Eigen::Index k = 0; k < r.best.v.size(); ++k) mix(r.best.v.data()[k]);
+  mix(r.best.value);
+  mix(r.best.lower_bound.value());
+  return h;
+}
+
 void CheckWitness(const AttentionLayer& L, const InputSet& set, NormKind norm, const SearchResult& r) {
   const Witness& w = r.best;
   ASSERT_EQ(w.x.rows(), set.tokens());
   EXPECT_TRUE(set.Contains(w.x, 1e-12));
   EXPECT_TRUE(CertainlyInSet(set, w.x));
-  EXPECT_GT(w.lower_bound, 0);
-  EXPECT_LE(w.lower_bound, w.value);
-  EXPECT_GE(w.lower_bound, w.value * (1 - 1e-9));
+  EXPECT_GT(w.lower_bound.value(), 0);
+  EXPECT_LE(w.lower_bound.value(), w.value);
+  EXPECT_GE(w.lower_bound.value(), w.value * (1 - 1e-9));
   const double truth = TrueNorm(L, w.x, norm);
   EXPECT_LE(w.value, truth * (1 + 1e-9));
   // The direction's own value, recomputed here.
@@ -196,7 +216,7 @@ TEST(Search, L2AttentionN2MatchesGrid) {
   const InputSet set = MakeSet(SetKind::kTokens, Eigen::MatrixXd::Zero(2, 1), 3.0);
   const SearchResult r = SearchLowerBound(L, set, QuickOptions(NormKind::kL2, 5.0));
   CheckWitness(L, set, NormKind::kL2, r);
-  EXPECT_GE(r.best.lower_bound, grid - 1e-6) << "grid " << grid;
+  EXPECT_GE(r.best.lower_bound.value(), grid - 1e-6) << "grid " << grid;
 }
 
 // L2 attention, D = H = 1, unit weights, l_inf norm: x_1 = 0 and the other tokens split
@@ -223,7 +243,7 @@ TEST(Search, L2AttentionInfNormReachesKimConstruction) {
     const SearchResult r = SearchLowerBound(L, set, o);
     SCOPED_TRACE("N = " + std::to_string(n));
     CheckWitness(L, set, NormKind::kLinf, r);
-    EXPECT_GE(r.best.lower_bound, construction * (1 - 1e-9)) << "search " << r.best.value;
+    EXPECT_GE(r.best.lower_bound.value(), construction * (1 - 1e-9)) << "search " << r.best.value;
     std::printf("[ l2 inf N=%d ] construction %.6f search %.6f (%s)\n", n, construction, r.best.value,
                 r.best.origin.c_str());
   }
@@ -245,10 +265,98 @@ TEST(Search, DotAttentionReachesUnbalancedMass) {
     const SearchResult r = SearchLowerBound(L, set, QuickOptions(NormKind::kL2, 5.0));
     SCOPED_TRACE("N = " + std::to_string(n));
     CheckWitness(L, set, NormKind::kL2, r);
-    EXPECT_GE(r.best.lower_bound, construction * (1 - 1e-9));
+    EXPECT_GE(r.best.lower_bound.value(), construction * (1 - 1e-9));
     std::printf("[ dot N=%d ] formula %.6f construction %.6f search %.6f (%s)\n", n, formula, construction,
                 r.best.value, r.best.origin.c_str());
   }
+}
+
+// Same seed and max_rounds: bit-identical witnesses, on a trained zoo layer (N*D = 2048,
+// the engine's iterative path), whatever the thread count.
+TEST(Search, ZooLayerIsDeterministic) {
+  const std::string dir = std::string(LIPCERT_SOURCE_DIR) + "/models/zoo/";
+  const LoadedModel m = LoadModel(dir + "dot-layer0.safetensors");
+  ASSERT_EQ(m.layers.size(), 1u);
+  const AttentionLayer& L = m.layers[0];
+  const Eigen::MatrixXd x0 = LoadCentre(dir + "dot-layer0-centres.safetensors:x0", 32, L.d_model);
+  InputSet set = MakeSet(SetKind::kBall, x0, 0.01 * x0.norm());
+  int checked = 0;
+  for (NormKind norm : {NormKind::kL2, NormKind::kLinf}) {
+    SearchOptions o;
+    o.norm = norm;
+    o.time_limit_s = 600;  // rounds, not time, stop it
+    o.starts = 4;
+    o.max_steps = 4;
+    o.max_rounds = 2;
+    o.threads = 1;
+    const SearchResult a = SearchLowerBound(L, set, o);
+    const SearchResult b = SearchLowerBound(L, set, o);
+    o.threads = 2;
+    const SearchResult c = SearchLowerBound(L, set, o);
+    SCOPED_TRACE(NormKindToString(norm));
+    EXPECT_EQ(Fingerprint(a), Fingerprint(b));
+    EXPECT_EQ(Fingerprint(a), Fingerprint(c));
+    EXPECT_EQ(a.points_evaluated, c.points_evaluated);
+    EXPECT_EQ(a.ascent_steps, c.ascent_steps);
+    EXPECT_GT(a.best.lower_bound.value(), 0);
+    std::printf("[ zoo %s ] value %.17g lower %.17g origin %s points %d steps %d fingerprint %016llx\n",
+                NormKindToString(norm), a.best.value, a.best.lower_bound.value(), a.best.origin.c_str(),
+                a.points_evaluated, a.ascent_steps, (unsigned long long)Fingerprint(a));
+    ++checked;
+  }
+  EXPECT_EQ(checked, 2);
+}
+
+// The exact l_inf norm at a point from all N*D rows of J (batched VJPs) equals the dense
+// Jacobian's largest row sum, for any worker count.
+TEST(Search, ExactInfNormMatchesDenseRowSums) {
+  std::mt19937_64 rng(31);
+  int checked = 0;
+  for (bool ln : {false, true}) {
+    const AttentionLayer L = RandomLayer(ln ? AttentionKind::kL2 : AttentionKind::kDot, !ln, !ln, ln, 12, 3, 4, rng, 1.5);
+    const Eigen::MatrixXd x = Eigen::MatrixXd::Random(23, 12);  // N*D = 276, not a multiple of the block
+    const double truth = TrueNorm(L, x, NormKind::kLinf);
+    const TopDirection one = ExactInfDirectionAt(L, x, 1);
+    const TopDirection three = ExactInfDirectionAt(L, x, 3);
+    EXPECT_NEAR(one.value, truth, 1e-12 * truth);
+    EXPECT_EQ(one.value, three.value);
+    EXPECT_EQ(one.v, three.v);
+    // v is the sign vector of the row e_r picks out: <e_r, J v> is the value.
+    const Eigen::MatrixXd jv = Jvp<double>(L, Evaluate<double>(L, x), one.v);
+    EXPECT_NEAR((jv.array() * one.u.array()).sum(), one.value, 1e-12 * truth);
+    EXPECT_EQ(one.v.cwiseAbs().minCoeff(), 1.0);
+    ++checked;
+  }
+  EXPECT_EQ(checked, 2);
+}
+
+// With --norm inf the witness is never below the exact norm at the centre, also where
+// N*D is past the dense limits (screening 16, polish 256) and Hager's estimator decides.
+TEST(Search, InfWitnessIsAtLeastTheCentresExactNorm) {
+  std::mt19937_64 rng(17);
+  int checked = 0;
+  for (double radius : {0.0, 0.05}) {
+    const AttentionLayer L = RandomLayer(AttentionKind::kDot, true, true, true, 16, 4, 4, rng, 2.0);
+    const InputSet set = MakeSet(SetKind::kBall, Eigen::MatrixXd::Random(20, 16), radius);  // N*D = 320
+    const double centre = TrueNorm(L, set.center, NormKind::kLinf);
+    SearchOptions o = QuickOptions(NormKind::kLinf, 600);
+    o.starts = 2;
+    o.max_steps = 2;
+    o.structured = false;
+    const SearchResult r = SearchLowerBound(L, set, o);
+    SCOPED_TRACE("radius " + std::to_string(radius) + " best " + std::to_string(r.best.value) + " from " +
+                 r.best.origin);
+    EXPECT_GE(r.best.value, centre * (1 - 1e-12));
+    EXPECT_GE(r.best.lower_bound.value(), centre * (1 - 1e-9));
+    EXPECT_LE(r.best.lower_bound.value(), r.best.value);
+    EXPECT_TRUE(CertainlyInSet(set, r.best.x));
+    double centre_value = -1;
+    for (const auto& [origin, v] : r.best_by_origin)
+      if (origin == "centre") centre_value = v;
+    EXPECT_NEAR(centre_value, centre, 1e-12 * centre);
+    ++checked;
+  }
+  EXPECT_EQ(checked, 2);
 }
 
 }  // namespace

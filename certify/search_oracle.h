@@ -1,0 +1,78 @@
+// The search's Jacobian oracle and its top-direction rule (internal to certify/search.cc):
+// the only code of the search that computes Jacobian products, through the public API of
+// kernels/engine.h (CPU back end, float64, one point at a time, one thread: the search
+// parallelises over points with one Oracle per worker); the dense path for tiny sizes and
+// the final reference value use models/forward.h.
+#pragma once
+
+#include <Eigen/Dense>
+#include <memory>
+#include <vector>
+
+#include "certify/input_set.h"
+#include "kernels/engine.h"
+#include "models/attention_layer.h"
+
+namespace lipcert::search_parts {
+
+class Oracle {
+ public:
+  // Engine stopping rule: relative Ritz residual rel_tol, at most max_iters J^T J products.
+  Oracle(const AttentionLayer& layer, int tokens, double rel_tol, int max_iters);
+  Eigen::MatrixXd Jv(const Eigen::MatrixXd& x, const Eigen::MatrixXd& v) const;
+  Eigen::MatrixXd JTu(const Eigen::MatrixXd& x, const Eigen::MatrixXd& u) const;
+  // grad_X <u, J(X) v> with u, v fixed.
+  Eigen::MatrixXd PairGradient(const Eigen::MatrixXd& x, const Eigen::MatrixXd& u, const Eigen::MatrixXd& v) const;
+  // Top singular triple (sigma = ||J v||, J v = sigma u), optionally warm-started.
+  void TopSingular(const Eigen::MatrixXd& x, const Eigen::MatrixXd* v0, double* sigma, Eigen::MatrixXd* u,
+                   Eigen::MatrixXd* v) const;
+  // out(k) = ||row_{first+k}(J(x))||_1 for k < count: J^T e_r for the count rows, one
+  // batched engine call (each point of a batch is computed on its own, so a row's sum
+  // does not depend on the batch it is in).
+  void RowAbsSums(const Eigen::MatrixXd& x, int first, int count, double* out) const;
+  // Dense (ND) x (ND) Jacobian, row-major flattening i*D + a (small sizes).
+  Eigen::MatrixXd Dense(const Eigen::MatrixXd& x) const;
+  // J v through models/forward.h (the reference, for the final value).
+  Eigen::MatrixXd ReferenceJv(const Eigen::MatrixXd& x, const Eigen::MatrixXd& v) const;
+
+ private:
+  const AttentionLayer& layer_;
+  int n_, d_;
+  std::unique_ptr<JacobianEngine> engine_;
+};
+
+// Engine stopping rules (relative Ritz residual, J^T J products): screening and ascent,
+// and the final witness direction.
+constexpr double kCheapTol = 1e-6;
+constexpr int kCheapIters = 60;
+constexpr double kFineTol = 1e-13;
+constexpr int kFineIters = 3000;
+
+// The top direction at a point.
+struct Pair {
+  double value = -1;  // floating; -1: not computed
+  Eigen::MatrixXd u, v;
+  int row = -1;  // kLinf: the row r
+};
+
+struct TopParams {
+  int dense_limit = 16;  // N*D at or below which the Jacobian is formed
+  int iters = 12;        // kLinf: Hager steps = iters / 3 (kL2 follows the engine's rule)
+};
+
+// sigma_1 with its singular pair (kL2), or a large row of J with its sign vector (kLinf:
+// Hager's estimator, started from warm->row when given); exact below tp.dense_limit.
+Pair ComputeTop(const Oracle& o, const Eigen::MatrixXd& x, NormKind norm, const Pair* warm, const TopParams& tp);
+
+// Gradient of <u, J(x) v> in x (the envelope theorem makes it the gradient of the norm at
+// a simple top pair): d/dt J(x + t v)^T u at t = 0, exact from the engine.
+Eigen::MatrixXd PairGradient(const Oracle& o, const Eigen::MatrixXd& x, const Pair& p);
+
+// kLinf, exact: the largest row sum max_r ||row_r(J(x))||_1 from all N*D rows of J (N*D
+// VJPs, in blocks over the given oracles, one per worker), with its row and sign vector.
+// The lowest such row wins ties, so the result does not depend on the number of workers.
+Pair ExactInfTop(const std::vector<std::unique_ptr<Oracle>>& oracles, const Eigen::MatrixXd& x);
+
+Eigen::MatrixXd SignOf(const Eigen::MatrixXd& m);
+
+}  // namespace lipcert::search_parts
