@@ -64,7 +64,7 @@ bundle() {
     done < <(ldd "$bin" | awk '$2 == "=>" && $3 ~ /^\// {print $3} $1 ~ /^\// {print $1}')
   done
   [[ -e "$BUNDLE/lib/ld-linux-x86-64.so.2" ]] || { echo "device-check: no loader found by ldd" >&2; exit 1; }
-  if ldd "$BUNDLE/bin/"* | grep -q "libcublas\|libcudart"; then
+  if ldd "$BUNDLE/bin/"* | grep -E "libcublas|libcudart" >/dev/null; then
     echo "device-check: the binaries still need cuBLAS / the shared CUDA runtime" >&2
     exit 1
   fi
