@@ -85,8 +85,8 @@ bundle() {
     --gtest_filter='AllBackends/EvaluatorTest.*/cpu_dot_*:AllBackends/EvaluatorTest.*/cpu_layernorm_l2_causal_*:Evaluator*Test.*' \
     --gtest_brief=1
   env -i PATH=/usr/bin:/bin LD_LIBRARY_PATH="$BUNDLE/lib" "$BUNDLE/bin/lipcert" bench --device cpu \
-    --n 16 --d 64 --heads 4 --batch 16 | tail -n 1
-  env -i PATH=/usr/bin:/bin bash -c "$(declare -f bundled); BUNDLE='$BUNDLE'; bundled lipcert bench --device cpu --n 16 --d 64 --heads 4 --batch 4" | tail -n 1
+    --n 16 --d 64 --heads 4 --batch 16 | tail -n 1; echo
+  env -i PATH=/usr/bin:/bin bash -c "$(declare -f bundled); BUNDLE='$BUNDLE'; bundled lipcert bench --device cpu --n 16 --d 64 --heads 4 --batch 4" | tail -n 1; echo
   # Without a device the CUDA instances skip and a CUDA bench is refused with the reason.
   env -i PATH=/usr/bin:/bin bash -c "$(declare -f bundled); BUNDLE='$BUNDLE'; bundled kernels_tests --gtest_filter='AllBackends/EvaluatorTest.ForwardJvpVjpMatchReference/cuda_dot_f64'" | tail -n 3
   log "bundle ready: carry $BUNDLE to the device and run: scripts/device-check.sh run"
@@ -115,7 +115,7 @@ run() {
   local t0=$SECONDS rc=0
   timeout 300 bash -c "$(declare -f bundled); BUNDLE='$BUNDLE'; EXTRA_LIB_DIRS='$EXTRA_LIB_DIRS'; \
     bundled kernels_tests --gtest_output=xml:'$OUT/evaluator_tests.xml'" >"$OUT/evaluator_tests.txt" 2>&1 || rc=$?
-  log "evaluator suite: exit $rc in $((SECONDS - t0)) s; $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$OUT/evaluator_tests.txt" | tr '\n' ' ')"
+  log "evaluator suite: exit $rc in $((SECONDS - t0)) s; $(grep -E '^\[  (PASSED|FAILED|SKIPPED) +\] [0-9]+ test' "$OUT/evaluator_tests.txt" | tr '\n' ' ')"
 
   # lipcert bench --device cuda: the three sizes, batch 1 to 4096 in powers of 4; a size
   # stops growing its batch once a run times out, and the whole loop keeps to a budget.
