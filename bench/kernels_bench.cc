@@ -1,4 +1,4 @@
-// Stand-alone driver of RunEngineBench (kernels/bench.h) until `lipcert bench` is wired:
+// Stand-alone driver of RunEvaluatorBench (kernels/bench.h) until `lipcert bench` is wired:
 //   kernels_bench --n N --d D --heads H --batch B [--kind dot|l2] [--device cpu|cuda]
 //                 [--dtype f32|f64] [--threads T] [--rel-tol TOL] [--method lanczos|power]
 //                 [--max-iters K] [--min-seconds S]
@@ -37,7 +37,7 @@ int main(int argc, char** argv) {
         throw std::invalid_argument("unknown option " + a);
       }
     }
-    std::cout << lipcert::RunEngineBench(o) << std::endl;
+    std::cout << lipcert::RunEvaluatorBench(o) << std::endl;
   } catch (const std::exception& e) {
     std::cerr << "kernels_bench: " << e.what() << std::endl;
     return 1;

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Throughput of the engine's top-singular-value search against the PyTorch autograd
+# Throughput of the evaluator's top-singular-value search against the PyTorch autograd
 # baseline (power iteration, 30 steps, float32, 2 threads) at three sizes.
 #
 # Usage: bench/torch_compare.sh [BUILD_DIR]        (default BUILD_DIR: build)

@@ -78,14 +78,14 @@ struct TopDirection {
   Eigen::MatrixXd u;         // kL2: J v / sigma (unit); kLinf: e_r
   Eigen::MatrixXd v;         // kL2: unit top right singular vector; kLinf: sign(row_r)
 };
-// Exact (dense) for N*D <= dense_limit, else Lanczos on J^T J through kernels/engine.h
+// Exact (dense) for N*D <= dense_limit, else Lanczos on J^T J through kernels/evaluator.h
 // (kL2) or Hager's estimator (kLinf); the value is then ||J v|| / ||v|| for the returned
 // v, a lower bound of the true norm up to rounding.
 TopDirection TopDirectionAt(const AttentionLayer& layer, const Eigen::MatrixXd& x, NormKind norm,
                             int dense_limit = 256);
 
 // kLinf, exact: max_r ||row_r(J(x))||_1 over all N*D rows of J (N*D VJPs through
-// kernels/engine.h, in blocks over `threads` workers, 0 = all cores; the same result for
+// kernels/evaluator.h, in blocks over `threads` workers, 0 = all cores; the same result for
 // any count), with u = e_r and v = sign(row_r). The search starts from this at the centre.
 TopDirection ExactInfDirectionAt(const AttentionLayer& layer, const Eigen::MatrixXd& x, int threads = 0);
 

@@ -14,13 +14,13 @@ using RowMajorXd = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::
 
 Oracle::Oracle(const AttentionLayer& layer, int tokens, double rel_tol, int max_iters)
     : layer_(layer), n_(tokens), d_(layer.d_model) {
-  EngineOptions eo;
+  EvaluatorOptions eo;
   eo.device = Device::kCpu;
   eo.dtype = DType::kF64;
   eo.threads = 1;
   eo.rel_tol = rel_tol;
   eo.max_iters = max_iters;
-  engine_ = MakeJacobianEngine(layer, tokens, eo);
+  engine_ = MakeJacobianEvaluator(layer, tokens, eo);
 }
 
 MatrixXd Oracle::Jv(const MatrixXd& x, const MatrixXd& v) const {

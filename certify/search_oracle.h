@@ -1,6 +1,6 @@
 // The search's Jacobian oracle and its top-direction rule (internal to certify/search.cc):
 // the only code of the search that computes Jacobian products, through the public API of
-// kernels/engine.h (CPU back end, float64, one point at a time, one thread: the search
+// kernels/evaluator.h (CPU back end, float64, one point at a time, one thread: the search
 // parallelises over points with one Oracle per worker); the dense path for tiny sizes and
 // the final reference value use models/forward.h.
 #pragma once
@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "certify/input_set.h"
-#include "kernels/engine.h"
+#include "kernels/evaluator.h"
 #include "models/attention_layer.h"
 
 namespace lipcert::search_parts {
@@ -38,7 +38,7 @@ class Oracle {
  private:
   const AttentionLayer& layer_;
   int n_, d_;
-  std::unique_ptr<JacobianEngine> engine_;
+  std::unique_ptr<JacobianEvaluator> engine_;
 };
 
 // Engine stopping rules (relative Ritz residual, J^T J products): screening and ascent,

@@ -31,7 +31,7 @@ Command AddBenchCommand(CLI::App& parent) {
             if (!a->device.empty() && !StringToDevice(a->device, &o.device))
               throw OptionError("--device: expected cpu or cuda");
             if (!StringToDType(a->dtype, &o.dtype)) throw OptionError("--dtype: expected f32 or f64");
-            std::cout << RunEngineBench(o);
+            std::cout << RunEvaluatorBench(o);
             return 0;
           }};
 }

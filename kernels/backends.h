@@ -1,18 +1,18 @@
-// Factories of the back ends behind MakeJacobianEngine (internal to kernels/). Each is
+// Factories of the back ends behind MakeJacobianEvaluator (internal to kernels/). Each is
 // called with a validated layer and options.
 #pragma once
 
 #include <memory>
 
-#include "kernels/engine.h"
+#include "kernels/evaluator.h"
 
 namespace lipcert::kernels_internal {
 
-std::unique_ptr<JacobianEngine> MakeCpuEngine(const AttentionLayer& layer, int tokens,
-                                              const EngineOptions& options);
+std::unique_ptr<JacobianEvaluator> MakeCpuEvaluator(const AttentionLayer& layer, int tokens,
+                                                    const EvaluatorOptions& options);
 #if defined(LIPCERT_HAVE_CUDA)
-std::unique_ptr<JacobianEngine> MakeCudaEngine(const AttentionLayer& layer, int tokens,
-                                               const EngineOptions& options);
+std::unique_ptr<JacobianEvaluator> MakeCudaEvaluator(const AttentionLayer& layer, int tokens,
+                                                     const EvaluatorOptions& options);
 #endif
 
 }  // namespace lipcert::kernels_internal

@@ -46,7 +46,7 @@ double EigenGemmPeak(int threads) {
 
 }  // namespace
 
-std::string RunEngineBench(const BenchOptions& o) {
+std::string RunEvaluatorBench(const BenchOptions& o) {
   if (o.n < 1 || o.d < 1 || o.heads < 1 || o.d % o.heads != 0)
     throw std::invalid_argument("bench: need n, d, heads >= 1 with heads dividing d");
   if (o.batch < 1) throw std::invalid_argument("bench.batch: must be at least 1");
@@ -56,23 +56,23 @@ std::string RunEngineBench(const BenchOptions& o) {
   std::vector<double> x(size_t(o.batch) * o.n * o.d);
   for (double& v : x) v = nd(rng);
 
-  EngineOptions eo;
+  EvaluatorOptions eo;
   eo.device = o.device;
   eo.dtype = o.dtype;
   eo.threads = o.threads;
   eo.rel_tol = o.rel_tol;
   eo.max_iters = o.max_iters;
   eo.method = o.method;
-  auto engine = MakeJacobianEngine(L, o.n, eo);
+  auto evaluator = MakeJacobianEvaluator(L, o.n, eo);
 
   // Warm-up on two points (as the baseline does), then whole batches until min_seconds.
-  engine->TopSingularValues(x.data(), std::min(2, o.batch), false);
+  evaluator->TopSingularValues(x.data(), std::min(2, o.batch), false);
   int reps = 0;
   TopSingular r;
   const auto t0 = Clock::now();
   double elapsed = 0;
   do {
-    r = engine->TopSingularValues(x.data(), o.batch, false);
+    r = evaluator->TopSingularValues(x.data(), o.batch, false);
     ++reps;
     elapsed = Seconds(t0, Clock::now());
   } while (elapsed < o.min_seconds);
@@ -104,8 +104,8 @@ std::string RunEngineBench(const BenchOptions& o) {
   std::snprintf(buf, sizeof buf, "layer       : %s attention, N=%d D=%d H=%d (dk=dv=%d), weights N(0,1)/sqrt(D), points N(0,1)\n",
                 AttentionKindToString(o.kind), o.n, o.d, o.heads, o.d / o.heads);
   os << buf;
-  std::snprintf(buf, sizeof buf, "engine      : %s  device=%s dtype=%s threads=%d method=%s rel_tol=%g max_iters=%d\n",
-                engine->name(), DeviceToString(o.device), DTypeToString(o.dtype), o.threads,
+  std::snprintf(buf, sizeof buf, "evaluator   : %s  device=%s dtype=%s threads=%d method=%s rel_tol=%g max_iters=%d\n",
+                evaluator->name(), DeviceToString(o.device), DTypeToString(o.dtype), o.threads,
                 SingularMethodToString(o.method), o.rel_tol, o.max_iters);
   os << buf;
   os << "simd        : " << Eigen::SimdInstructionSetsInUse() << "\n";

@@ -1,11 +1,11 @@
-// `lipcert bench`: throughput of the engine's top-singular-value search at random points
+// `lipcert bench`: throughput of the evaluator's top-singular-value search at random points
 // of a random layer (weights N(0,1)/sqrt(D), like the torch baseline in
 // ../shared/bench/torch_jacobian_baseline.py; points N(0,1)).
 #pragma once
 
 #include <string>
 
-#include "kernels/engine.h"
+#include "kernels/evaluator.h"
 
 namespace lipcert {
 
@@ -18,7 +18,7 @@ struct BenchOptions {
   Device device = DefaultDevice();      // cpu or cuda
   DType dtype = DType::kF32;            // compute type
   int threads = 2;                      // CPU worker threads
-  double rel_tol = 1e-6;                // engine stopping rule (0: exactly max_iters products)
+  double rel_tol = 1e-6;                // evaluator stopping rule (0: exactly max_iters products)
   int max_iters = 500;                  // cap on J^T J products per point
   SingularMethod method = SingularMethod::kLanczos;  // lanczos or power
   double min_seconds = 0.5;             // repeat the batch until this much time has passed
@@ -26,6 +26,6 @@ struct BenchOptions {
 
 // Runs the benchmark and returns the printed report, `openssl speed` style; its last line
 // is exactly "points_per_s=<number>". Throws std::invalid_argument for bad options.
-std::string RunEngineBench(const BenchOptions& options);
+std::string RunEvaluatorBench(const BenchOptions& options);
 
 }  // namespace lipcert

@@ -1,4 +1,4 @@
-// CPU kernels of the engine, templated on the compute type (float or double): the state of
+// CPU kernels of the Jacobian-norm evaluator, templated on the compute type (float or double): the state of
 // the layer at one point, and J v, J^T u and the tangent of J^T u along v at that point,
 // each a handful of GEMMs over all heads at once plus row-wise softmax algebra. Mirrors
 // models/forward.h step by step (which stays the reference); the CUDA kernels mirror this.

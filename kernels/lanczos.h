@@ -30,7 +30,7 @@
 #include <cmath>
 #include <vector>
 
-#include "kernels/engine.h"
+#include "kernels/evaluator.h"
 
 namespace lipcert::kernels_internal {
 
@@ -46,7 +46,7 @@ struct DriverOptions {
   int slots() const { return basis() + 2; }
 };
 
-inline DriverOptions DriverOptionsOf(const EngineOptions& o) {
+inline DriverOptions DriverOptionsOf(const EvaluatorOptions& o) {
   DriverOptions d;
   d.rel_tol = o.rel_tol;
   d.max_iters = o.max_iters;

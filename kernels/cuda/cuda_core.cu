@@ -1,4 +1,4 @@
-// CUDA back end of the Jacobian engine. Each step mirrors kernels/cpu_layer.h; comments
+// CUDA back end of the Jacobian-norm evaluator. Each step mirrors kernels/cpu_layer.h; comments
 // name the CPU function a block corresponds to. Layouts (row-major, point-major):
 //   x, z, xhat, dz, gz, slots : (B, N, D)
 //   Q, K, dQ, dK, gQ, gK      : (B, N, H dk)     head h = columns [h dk, (h+1) dk)
@@ -9,8 +9,10 @@
 // reduction) so that it is correct by inspection.
 #include "kernels/cuda/cuda_core.h"
 
-#include <cublas_v2.h>
 #include <cuda_runtime.h>
+#if !defined(LIPCERT_CUDA_BUILTIN_GEMM)
+#include <cublas_v2.h>
+#endif
 
 #include <cmath>
 #include <stdexcept>
@@ -28,6 +30,7 @@ namespace {
                                #expr + ": " + cudaGetErrorString(err_));                         \
   } while (0)
 
+#if !defined(LIPCERT_CUDA_BUILTIN_GEMM)
 #define LIPCERT_CUBLAS_CHECK(expr)                                                               \
   do {                                                                                           \
     cublasStatus_t st_ = (expr);                                                                 \
@@ -35,6 +38,7 @@ namespace {
       throw std::runtime_error(std::string(__FILE__) + ":" + std::to_string(__LINE__) + ": " + \
                                #expr + ": cuBLAS status " + std::to_string(int(st_)));           \
   } while (0)
+#endif
 
 #define LIPCERT_KERNEL_CHECK() LIPCERT_CUDA_CHECK(cudaGetLastError())
 
@@ -247,7 +251,7 @@ __global__ void L2GradQFix(T* gq, const T* q, const T* rsum, long long bn, int n
   gq[e] -= T(2) * scale * rsum[(b * heads + h) * n + i] * q[e];
 }
 
-// ---- the driver's vector operations (CPU: CpuEngine::PointOps) ----
+// ---- the driver's vector operations (CPU: CpuEvaluator::PointOps) ----
 
 // out[b m + i] = <slot_i[b], slot_w[b]>; grid (m, B), one block per dot, double accumulation.
 template <class T>
@@ -300,7 +304,53 @@ __global__ void CombineKernel(T* slots, long long slot_stride, int m, int dst, i
   slots[dst * slot_stride + off] = T(acc);
 }
 
-// ---- row-major GEMM through column-major cuBLAS ----
+#if defined(LIPCERT_CUDA_BUILTIN_GEMM)
+// ---- row-major GEMM, built in (LIPCERT_CUDA_GEMM=builtin: no cuBLAS at run time) ----
+// Same contract as the cuBLAS version below: row-major C (m x n) = alpha op(A) op(B) +
+// beta C for `batch` matrices at the given strides (0: the same matrix for every batch);
+// C is not read when beta == 0. One 16 x 16 tile of C per block, k in 16-wide steps
+// through shared memory; accumulation in T, like cublas{S,D}gemm.
+using GemmHandle = void*;  // stands in for the cuBLAS handle; unused
+constexpr int kGemmTile = 16;
+
+template <class T>
+__global__ void GemmTiledKernel(bool ta, bool tb, int m, int n, int k, T alpha, const T* a, int lda,
+                                long long sa, const T* b, int ldb, long long sb, T beta, T* c, int ldc,
+                                long long sc, int batch) {
+  __shared__ T as[kGemmTile][kGemmTile + 1], bs[kGemmTile][kGemmTile + 1];
+  const int ty = threadIdx.y, tx = threadIdx.x;
+  const int i = blockIdx.x * kGemmTile + ty;  // row of C
+  const int j = blockIdx.y * kGemmTile + tx;  // column of C
+  for (int z = blockIdx.z; z < batch; z += gridDim.z) {
+    const T* az = a + z * sa;
+    const T* bz = b + z * sb;
+    T acc = T(0);
+    for (int p0 = 0; p0 < k; p0 += kGemmTile) {
+      const int pa = p0 + tx, pb = p0 + ty;  // as[ty][tx] = A(i, pa), bs[ty][tx] = B(pb, j)
+      as[ty][tx] = (i < m && pa < k) ? (ta ? az[(long long)pa * lda + i] : az[(long long)i * lda + pa]) : T(0);
+      bs[ty][tx] = (pb < k && j < n) ? (tb ? bz[(long long)j * ldb + pb] : bz[(long long)pb * ldb + j]) : T(0);
+      __syncthreads();
+      for (int q = 0; q < kGemmTile; ++q) acc += as[ty][q] * bs[q][tx];
+      __syncthreads();
+    }
+    if (i < m && j < n) {
+      T* cij = c + z * sc + (long long)i * ldc + j;
+      *cij = beta == T(0) ? alpha * acc : alpha * acc + beta * *cij;
+    }
+  }
+}
+
+template <class T>
+void GemmRM(GemmHandle, bool trans_a, bool trans_b, int m, int n, int k, T alpha, const T* a, int lda,
+            long long sa, const T* b, int ldb, long long sb, T beta, T* c, int ldc, long long sc, int batch) {
+  const dim3 block(kGemmTile, kGemmTile);
+  const dim3 grid((m + kGemmTile - 1) / kGemmTile, (n + kGemmTile - 1) / kGemmTile, batch < 65535 ? batch : 65535);
+  GemmTiledKernel<T><<<grid, block>>>(trans_a, trans_b, m, n, k, alpha, a, lda, sa, b, ldb, sb, beta, c, ldc, sc,
+                                      batch);
+  LIPCERT_KERNEL_CHECK();
+}
+#else
+// ---- row-major GEMM through column-major cuBLAS (LIPCERT_CUDA_GEMM=cublas, default) ----
 // Row-major C (m x n) = alpha op(A) op(B) + beta C for `batch` matrices at the given
 // strides; lda/ldb/ldc are row-major leading dimensions (elements between rows). A
 // row-major matrix is the column-major transpose with the same leading dimension, so
@@ -318,6 +368,8 @@ inline cublasStatus_t GemmSB(cublasHandle_t h, cublasOperation_t ta, cublasOpera
   return cublasDgemmStridedBatched(h, ta, tb, m, n, k, alpha, a, lda, sa, b, ldb, sb, beta, c, ldc, sc, batch);
 }
 
+using GemmHandle = cublasHandle_t;
+
 template <class T>
 void GemmRM(cublasHandle_t h, bool trans_a, bool trans_b, int m, int n, int k, T alpha, const T* a, int lda,
             long long sa, const T* b, int ldb, long long sb, T beta, T* c, int ldc, long long sc, int batch) {
@@ -325,6 +377,8 @@ void GemmRM(cublasHandle_t h, bool trans_a, bool trans_b, int m, int n, int k, T
   const cublasOperation_t ob = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
   LIPCERT_CUBLAS_CHECK(GemmSB(h, ob, oa, n, m, k, &alpha, b, ldb, sb, a, lda, sa, &beta, c, ldc, sc, batch));
 }
+
+#endif  // LIPCERT_CUDA_BUILTIN_GEMM
 
 }  // namespace
 
@@ -359,7 +413,9 @@ class CoreT final : public Core::Impl {
     hq_ = h_ * dk_;
     hv_ = h_ * dv_;
     scale_ = T(1.0 / std::sqrt(double(dk_)));
+#if !defined(LIPCERT_CUDA_BUILTIN_GEMM)
     LIPCERT_CUBLAS_CHECK(cublasCreate(&handle_));
+#endif
     Put(wq_, L.wq, size_t(hq_) * d_);
     if (!L.l2) Put(wk_, L.wk, size_t(hq_) * d_);
     Put(m_, L.m, size_t(hv_) * d_);
@@ -375,7 +431,9 @@ class CoreT final : public Core::Impl {
     }
   }
   ~CoreT() override {
+#if !defined(LIPCERT_CUDA_BUILTIN_GEMM)
     if (handle_) cublasDestroy(handle_);
+#endif
   }
 
   int batch() const override { return b_; }
@@ -625,7 +683,7 @@ class CoreT final : public Core::Impl {
   T scale_ = 1;
   bool ln_ = false;
   int cap_ = 0, b_ = 0;
-  cublasHandle_t handle_ = nullptr;
+  GemmHandle handle_ = nullptr;
   DevBuf<T> wq_, wk_, m_, wo_, bq_, bk_, bv_, bo_, gamma_, beta_;
   DevBuf<T> x_, z_, xhat_, sigma_, q_, k_, v_, p_;
   DevBuf<T> dz_, dq_, dkey_, dval_, ds_, g_, head_, gh_, gp_, gv_, gq_, gk_, sym_, rsum_, gz_, tmp_;

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "kernels/engine.h"
+#include "kernels/evaluator.h"
 #include "models/attention_layer.h"
 #include "models/forward.h"
 #include "tests/common/random_layer.h"
@@ -38,25 +38,36 @@ inline std::vector<LayerCase> AllLayerCases() {
   };
 }
 
-// Every layer case in both precisions: the parameters of the engine suites (CPU and CUDA).
-struct EngineCase {
+// One parameter of the evaluator suite: a layer case, a compute type and a back end.
+struct EvaluatorCase {
   LayerCase c;
   DType dtype;
+  Device device;
 };
 
-inline std::vector<EngineCase> AllEngineCases() {
-  std::vector<EngineCase> out;
-  for (const auto& c : AllLayerCases())
-    for (DType t : {DType::kF64, DType::kF32}) out.push_back({c, t});
+// Every layer case in both precisions on every back end this build has (the CUDA cases
+// only with LIPCERT_HAVE_CUDA; they skip themselves when no device is present).
+inline std::vector<EvaluatorCase> AllEvaluatorCases() {
+  std::vector<Device> devices = {Device::kCpu};
+#if defined(LIPCERT_HAVE_CUDA)
+  devices.push_back(Device::kCuda);
+#endif
+  std::vector<EvaluatorCase> out;
+  for (Device dev : devices)
+    for (const auto& c : AllLayerCases())
+      for (DType t : {DType::kF64, DType::kF32}) out.push_back({c, t, dev});
   return out;
 }
 
-inline std::string EngineCaseName(const ::testing::TestParamInfo<EngineCase>& info) {
-  return info.param.c.name + "_" + DTypeToString(info.param.dtype);
+inline std::string EvaluatorCaseName(const ::testing::TestParamInfo<EvaluatorCase>& info) {
+  return std::string(DeviceToString(info.param.device)) + "_" + info.param.c.name + "_" +
+         DTypeToString(info.param.dtype);
 }
 
 // gtest prints a parameter with this instead of its bytes.
-inline void PrintTo(const EngineCase& e, std::ostream* os) { *os << e.c.name << "_" << DTypeToString(e.dtype); }
+inline void PrintTo(const EvaluatorCase& e, std::ostream* os) {
+  *os << DeviceToString(e.device) << "_" << e.c.name << "_" << DTypeToString(e.dtype);
+}
 
 // Weights N(0,1)/sqrt(D) (like the torch baseline), dk = D / heads, biases N(0, 0.1^2),
 // LayerNorm gamma = 1 + N(0, 0.1^2), beta = N(0, 0.1^2).

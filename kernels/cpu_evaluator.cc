@@ -32,10 +32,10 @@ double DotAcc(const RowMat<T>& a, const RowMat<T>& b) {
 }
 
 template <class T>
-class CpuEngine final : public JacobianEngine {
+class CpuEvaluator final : public JacobianEvaluator {
  public:
-  CpuEngine(const AttentionLayer& layer, int tokens, const EngineOptions& o)
-      : JacobianEngine(tokens, layer.d_model), L_(layer, tokens), opts_(o), dopts_(DriverOptionsOf(o)) {
+  CpuEvaluator(const AttentionLayer& layer, int tokens, const EvaluatorOptions& o)
+      : JacobianEvaluator(tokens, layer.d_model), L_(layer, tokens), opts_(o), dopts_(DriverOptionsOf(o)) {
     name_ = std::string("cpu-") + DTypeToString(o.dtype) + "-" +
             std::to_string(WorkerCount(o.threads, 1 << 20)) + "t";
   }
@@ -134,7 +134,7 @@ class CpuEngine final : public JacobianEngine {
 
   // The driver's slots for one point (batch of 1).
   struct PointOps {
-    CpuEngine* e;
+    CpuEvaluator* e;
     Worker* w;
     int batch() const { return 1; }
     RowMat<T>& S(int i) { return w->slots[i]; }
@@ -181,17 +181,17 @@ class CpuEngine final : public JacobianEngine {
   }
 
   CpuLayer<T> L_;
-  EngineOptions opts_;
+  EvaluatorOptions opts_;
   DriverOptions dopts_;
   std::string name_;
 };
 
 }  // namespace
 
-std::unique_ptr<JacobianEngine> MakeCpuEngine(const AttentionLayer& layer, int tokens,
-                                              const EngineOptions& options) {
-  if (options.dtype == DType::kF32) return std::make_unique<CpuEngine<float>>(layer, tokens, options);
-  return std::make_unique<CpuEngine<double>>(layer, tokens, options);
+std::unique_ptr<JacobianEvaluator> MakeCpuEvaluator(const AttentionLayer& layer, int tokens,
+                                                    const EvaluatorOptions& options) {
+  if (options.dtype == DType::kF32) return std::make_unique<CpuEvaluator<float>>(layer, tokens, options);
+  return std::make_unique<CpuEvaluator<double>>(layer, tokens, options);
 }
 
 }  // namespace lipcert::kernels_internal

@@ -1,6 +1,6 @@
-// The CUDA back end behind JacobianEngine: all points of a call in lock step on the
+// The CUDA back end behind JacobianEvaluator: all points of a call in lock step on the
 // device (kernels/cuda/cuda_core.h), driven by the same host-side Lanczos driver as the
-// CPU engine. Compiled only when lipcert is built with CUDA.
+// CPU evaluator. Compiled only when lipcert is built with CUDA.
 #if defined(LIPCERT_HAVE_CUDA)
 
 #include <cmath>
@@ -16,10 +16,10 @@
 namespace lipcert::kernels_internal {
 namespace {
 
-class CudaEngine final : public JacobianEngine {
+class CudaEvaluator final : public JacobianEvaluator {
  public:
-  CudaEngine(const AttentionLayer& layer, int tokens, const EngineOptions& o)
-      : JacobianEngine(tokens, layer.d_model), host_(layer, tokens), opts_(o), dopts_(DriverOptionsOf(o)) {
+  CudaEvaluator(const AttentionLayer& layer, int tokens, const EvaluatorOptions& o)
+      : JacobianEvaluator(tokens, layer.d_model), host_(layer, tokens), opts_(o), dopts_(DriverOptionsOf(o)) {
     io_a_ = dopts_.slots();
     io_b_ = io_a_ + 1;
     cuda::LayerDesc desc;
@@ -151,7 +151,7 @@ class CudaEngine final : public JacobianEngine {
   };
 
   CpuLayer<double> host_;  // row-major double weights (and the l2 value path) to upload
-  EngineOptions opts_;
+  EvaluatorOptions opts_;
   DriverOptions dopts_;
   int io_a_ = 0, io_b_ = 0;  // two slots for Jvp / Vjp arguments and results
   std::unique_ptr<cuda::Core> core_;
@@ -160,9 +160,9 @@ class CudaEngine final : public JacobianEngine {
 
 }  // namespace
 
-std::unique_ptr<JacobianEngine> MakeCudaEngine(const AttentionLayer& layer, int tokens,
-                                               const EngineOptions& options) {
-  return std::make_unique<CudaEngine>(layer, tokens, options);
+std::unique_ptr<JacobianEvaluator> MakeCudaEvaluator(const AttentionLayer& layer, int tokens,
+                                                     const EvaluatorOptions& options) {
+  return std::make_unique<CudaEvaluator>(layer, tokens, options);
 }
 
 }  // namespace lipcert::kernels_internal

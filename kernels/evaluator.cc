@@ -1,4 +1,4 @@
-#include "kernels/engine.h"
+#include "kernels/evaluator.h"
 
 #include <cmath>
 #include <random>
@@ -83,13 +83,13 @@ void DefaultStartVector(int point_index, int size, double* out) {
 namespace {
 
 [[noreturn]] void Bad(const std::string& field, const std::string& msg) {
-  throw std::invalid_argument("engine." + field + ": " + msg);
+  throw std::invalid_argument("evaluator." + field + ": " + msg);
 }
 
 }  // namespace
 
-std::unique_ptr<JacobianEngine> MakeJacobianEngine(const AttentionLayer& layer, int tokens,
-                                                   const EngineOptions& o) {
+std::unique_ptr<JacobianEvaluator> MakeJacobianEvaluator(const AttentionLayer& layer, int tokens,
+                                                         const EvaluatorOptions& o) {
   const std::string bad_layer = ValidateLayer(layer);
   if (!bad_layer.empty()) Bad("layer", bad_layer);
   if (tokens < 1) Bad("tokens", "must be at least 1, got " + std::to_string(tokens));
@@ -102,13 +102,13 @@ std::unique_ptr<JacobianEngine> MakeJacobianEngine(const AttentionLayer& layer, 
 #if defined(LIPCERT_HAVE_CUDA)
     const std::string why = CudaUnavailableReason();
     if (!why.empty()) Bad("device", "cuda was requested but is unavailable: " + why);
-    return kernels_internal::MakeCudaEngine(layer, tokens, o);
+    return kernels_internal::MakeCudaEvaluator(layer, tokens, o);
 #else
     Bad("device", "cuda was requested but lipcert was built without CUDA "
                   "(configure with -DLIPCERT_CUDA=ON and a CUDA toolkit)");
 #endif
   }
-  return kernels_internal::MakeCpuEngine(layer, tokens, o);
+  return kernels_internal::MakeCpuEvaluator(layer, tokens, o);
 }
 
 }  // namespace lipcert
