@@ -1,7 +1,9 @@
 #include "certify/search_oracle.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <numeric>
 #include <vector>
 
 #include "interval/parallel.h"
@@ -146,15 +148,26 @@ Pair ComputeTop(const Oracle& o, const MatrixXd& x, NormKind norm, const Pair* w
   return p;
 }
 
-Pair ExactInfTop(const std::vector<std::unique_ptr<Oracle>>& oracles, const MatrixXd& x) {
+Pair ExactInfTop(const std::vector<std::unique_ptr<Oracle>>& oracles, const MatrixXd& x,
+                 std::chrono::steady_clock::time_point deadline, bool* complete) {
   const int n = int(x.rows()), d = int(x.cols()), nd = n * d;
   constexpr int kBlock = 32;  // rows per engine call
   const int blocks = (nd + kBlock - 1) / kBlock;
-  std::vector<double> sums(nd);
-  ParallelFor(blocks, int(oracles.size()), [&](int b, int worker) {
-    const int first = b * kBlock;
+  // Visit the blocks with a stride coprime to their count, so that a run cut short by the
+  // deadline has seen rows of every part of the sequence.
+  int stride = std::max(1, int(std::sqrt(double(blocks))));
+  while (std::gcd(stride, blocks) != 1) ++stride;
+  std::vector<double> sums(nd, -1.0);  // -1: not computed
+  std::atomic<bool> cut{false};
+  ParallelFor(blocks, int(oracles.size()), [&](int k, int worker) {
+    if (k > 0 && std::chrono::steady_clock::now() >= deadline) {
+      cut = true;
+      return;
+    }
+    const int first = int((long(k) * stride) % blocks) * kBlock;
     oracles[worker]->RowAbsSums(x, first, std::min(kBlock, nd - first), sums.data() + first);
   });
+  if (complete) *complete = !cut;
   const int r = int(std::max_element(sums.begin(), sums.end()) - sums.begin());
   Pair p;
   p.row = r;

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <Eigen/Dense>
+#include <chrono>
 #include <memory>
 #include <vector>
 
@@ -71,7 +72,12 @@ Eigen::MatrixXd PairGradient(const Oracle& o, const Eigen::MatrixXd& x, const Pa
 // kLinf, exact: the largest row sum max_r ||row_r(J(x))||_1 from all N*D rows of J (N*D
 // VJPs, in blocks over the given oracles, one per worker), with its row and sign vector.
 // The lowest such row wins ties, so the result does not depend on the number of workers.
-Pair ExactInfTop(const std::vector<std::unique_ptr<Oracle>>& oracles, const Eigen::MatrixXd& x);
+// Blocks are taken in a strided order over the tokens and stop at `deadline`: a partial
+// run still returns the best row it computed (any row's sum is a value of ||J v||_inf
+// with v its sign vector), and *complete (if given) says whether every row was seen.
+Pair ExactInfTop(const std::vector<std::unique_ptr<Oracle>>& oracles, const Eigen::MatrixXd& x,
+                 std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max(),
+                 bool* complete = nullptr);
 
 Eigen::MatrixXd SignOf(const Eigen::MatrixXd& m);
 
