@@ -33,7 +33,7 @@ EngineBound BlockNormBound(const AttentionLayer& L, const TokenCover& cover, con
     if (!late.load(std::memory_order_relaxed) && DeadlinePassed(opts)) late = true;
     return late.load(std::memory_order_relaxed);
   };
-  ParallelFor(L.heads, WorkerCount(0, L.heads), [&](int h, int) {
+  ParallelFor(L.heads, WorkerCount(opts.threads, L.heads), [&](int h, int) {
     if (past_deadline()) return;
     geo[h] = HeadGeometryAt(L, h, in.zc, p);
     fb[h] = HeadFactorBounds(geo[h], in.rho_z, in.joint_z, L.causal);

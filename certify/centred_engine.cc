@@ -141,7 +141,7 @@ EngineBound CentredBound(const AttentionLayer& L, const TokenCover& cover, const
   const double variation = std::min({split, joint, schur});
   double delta = variation;
   bool timed_out = false;
-  const IntervalMatrix jm = DenseMhaJacobian(L, geo, centre, n, d, opts.deadline, &timed_out);
+  const IntervalMatrix jm = DenseMhaJacobian(L, geo, opts.threads, centre, n, d, opts.deadline, &timed_out);
   if (timed_out) return TimedOutBound(kEngine);
   IntervalMatrix j0 = jm;
   double ln_variation = 0;
@@ -150,7 +150,7 @@ EngineBound CentredBound(const AttentionLayer& L, const TokenCover& cover, const
     // (multiplied by a small variation: the crude sqrt(||.||_1 ||.||_inf) bound serves)
     ln_variation = MulUp(NormL2UpperCrude(jm).value(), in.delta_ln.maxCoeff());
     delta = AddUp(delta, ln_variation);
-    j0 = ComposeWithLayerNorm(jm, in.ln_jac, n, d, !opts.exclude_residual, opts.deadline, &timed_out);
+    j0 = ComposeWithLayerNorm(jm, in.ln_jac, opts.threads, n, d, !opts.exclude_residual, opts.deadline, &timed_out);
     if (timed_out) return TimedOutBound(kEngine);
   }
   if (DeadlinePassed(opts)) return TimedOutBound(kEngine);

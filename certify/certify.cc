@@ -142,6 +142,7 @@ BoundOptions BoundOptionsOf(const CertifyOptions& o, Clock::time_point deadline)
   bo.norm = o.norm;
   bo.dense_limit = o.engines.dense_limit;
   bo.deadline = deadline;
+  bo.threads = o.threads;
   return bo;
 }
 

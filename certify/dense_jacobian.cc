@@ -8,7 +8,7 @@ namespace lipcert {
 
 // The dense enclosure of J_MHA at the z-centre (ND x ND, row-major token blocks). Block
 // rows are independent: they are filled in parallel, heads added in order within each.
-IntervalMatrix DenseMhaJacobian(const AttentionLayer& L, const std::vector<HeadGeometry>& geo,
+IntervalMatrix DenseMhaJacobian(const AttentionLayer& L, const std::vector<HeadGeometry>& geo, int threads,
                                 const std::vector<FactorBounds>& centre, int n, int d,
                                 std::chrono::steady_clock::time_point deadline, bool* timed_out) {
   std::atomic<bool> late{false};
@@ -26,7 +26,7 @@ IntervalMatrix DenseMhaJacobian(const AttentionLayer& L, const std::vector<HeadG
     ubar[h] = Mul(p0[h], geo[h].u);
     bbar[h] = Mul(p0[h], geo[h].b);
   }
-  ParallelFor(n, WorkerCount(0, n), [&](int i, int) {
+  ParallelFor(n, WorkerCount(threads, n), [&](int i, int) {
     if (late.load(std::memory_order_relaxed) || std::chrono::steady_clock::now() >= deadline) {
       late = true;
       return;
@@ -59,12 +59,12 @@ IntervalMatrix DenseMhaJacobian(const AttentionLayer& L, const std::vector<HeadG
 }
 
 // J = I + J_M blockdiag(L_j) for the LayerNorm sublayer (block columns in parallel).
-IntervalMatrix ComposeWithLayerNorm(const IntervalMatrix& jm, const std::vector<IntervalMatrix>& ln, int n, int d,
+IntervalMatrix ComposeWithLayerNorm(const IntervalMatrix& jm, const std::vector<IntervalMatrix>& ln, int threads, int n, int d,
                                     bool add_identity, std::chrono::steady_clock::time_point deadline,
                                     bool* timed_out) {
   std::atomic<bool> late{false};
   Eigen::MatrixXd mid = Eigen::MatrixXd::Zero(n * d, n * d), rad = Eigen::MatrixXd::Zero(n * d, n * d);
-  ParallelFor(n, WorkerCount(0, n), [&](int j, int) {
+  ParallelFor(n, WorkerCount(threads, n), [&](int j, int) {
     if (late.load(std::memory_order_relaxed) || std::chrono::steady_clock::now() >= deadline) {
       late = true;
       return;

@@ -2,7 +2,8 @@
 
 namespace lipcert {
 
-std::string BoundOptions::Validate() const {
+std::string BoundOptions::IsValid() const {
+  if (threads < 0) return "threads: must be >= 0";
   if (dense_limit < 0) return "dense_limit: must be >= 0";
   return "";
 }

@@ -21,9 +21,11 @@ struct BoundOptions {
   // Engines check this in their long loops; once it has passed they stop and return
   // upper = +inf with timed_out set (never a partial number). max(): no limit.
   std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max();
+  // Worker threads of the engines' parallel loops (heads, dense block rows); 0: all cores.
+  int threads = 0;
 
   // "" when valid, else a message naming the field.
-  std::string Validate() const;
+  std::string IsValid() const;
 };
 
 // One named part of a certified bound.
