@@ -17,6 +17,8 @@ std::string ValidateCertifyOptions(const CertifyOptions& o) {
   if (!(o.search_share >= 0 && o.search_share < 1)) return "search_share: must be in [0, 1)";
   if (!(o.tolerance >= 0)) return "tolerance: must be >= 0";
   if (o.dense_limit < 0) return "dense_limit: must be >= 0";
+  if (o.search_rounds < 0) return "search_rounds: must be >= 0";
+  if (o.max_pieces < 1) return "max_pieces: must be >= 1";
   return "";
 }
 
@@ -79,6 +81,7 @@ Certificate Certify(const AttentionLayer& L, const InputSet& set, const CertifyO
   so.seed = o.seed;
   so.threads = o.threads;
   so.time_limit_s = o.time_limit_s * o.search_share;
+  so.max_rounds = o.search_rounds;
   so.verbose = false;
   const SearchResult sr = SearchLowerBound(L, set, so);
   c.lower_bound = LowerBound(sr.best.lower_bound);
@@ -114,6 +117,7 @@ Certificate Certify(const AttentionLayer& L, const InputSet& set, const CertifyO
   bb.norm = o.norm;
   bb.tolerance = o.tolerance;
   bb.dense_limit = o.dense_limit;
+  bb.max_pieces = o.max_pieces;
   bb.time_limit_s = std::max(0.0, o.time_limit_s - Since(start));
   bb.root_upper = c.upper_bound;
   bb.root_seconds = Since(structured_start);

@@ -19,6 +19,12 @@ struct CertifyOptions {
   uint64_t seed = 1;            // the search's randomness
   int threads = 0;              // 0: all cores
   bool progress = false;        // progress lines on stderr
+  // A work budget (reproducible certificates, e.g. audits' budget = { steps, rounds }):
+  // search rounds at most (0: as many as its share of the time limit allows) and
+  // branch-and-bound pieces at most. With a time limit that never binds, the certificate
+  // is the same on every machine, thread count and schedule.
+  int search_rounds = 0;
+  int max_pieces = 100000;
   // Called with every improved certificate (anytime: the CLI writes it atomically).
   std::function<void(const Certificate&)> on_improvement;
 };
