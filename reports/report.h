@@ -97,3 +97,9 @@ std::string FormatNumber(double v, int digits = 6);  // "1.2345", "3.1e+07", "in
 std::string FormatJsonNumber(const nlohmann::json& v, int digits = 6);  // null -> "inf"
 
 }  // namespace lipcert::reports
+
+namespace lipcert::reports {
+// This process's command line as a shell would read it back (from /proc/self/cmdline;
+// arguments quoted where needed), for the provenance of sweeps and reports.
+std::string ProcessCommandLine();
+}  // namespace lipcert::reports
