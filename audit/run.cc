@@ -13,6 +13,7 @@
 #include <sstream>
 #include <thread>
 
+#include "audit/report.h"
 #include "models/errors.h"
 #include "models/safetensors.h"
 
@@ -259,15 +260,11 @@ int Summarise(const json& plan_json, const std::vector<JournalEntry>& entries, c
   for (const Row& r : rows) print(r.cells);
   std::cout.flush();
 
-  // CSV and Markdown beside the journal.
-  std::ostringstream csv, md;
+  // CSV beside the journal, and the report (reports/: report.html, report.md, audit.json).
+  std::ostringstream csv;
   for (size_t k = 0; k < header.size(); ++k) csv << (k ? "," : "") << header[k];
   csv << ",reason,key\n";
-  md << "| " ;
-  for (size_t k = 0; k < header.size(); ++k) md << header[k] << " | ";
-  md << "\n|";
-  for (size_t k = 0; k < header.size(); ++k) md << (k == 1 || (k >= 7 && k <= 9) ? "---:|" : "---|");
-  md << "\n";
+  json doc = {{"schema", "lipcert.audit/1"}, {"audit_file", plan_json["audit_file"]}, {"jobs", json::array()}};
   size_t i = 0;
   for (const json& pj : plan_json["jobs"]) {
     const Row& r = rows[i++];
@@ -279,13 +276,17 @@ int Summarise(const json& plan_json, const std::vector<JournalEntry>& entries, c
     };
     for (size_t k = 0; k < r.cells.size(); ++k) csv << (k ? "," : "") << quote(r.cells[k]);
     csv << "," << quote(r.verdict.reason) << "," << pj["key"].get<std::string>() << "\n";
-    md << "| ";
-    for (const std::string& c : r.cells) md << c << " | ";
-    md << "\n";
+    auto it = by_key.find(pj["key"].get<std::string>());
+    doc["jobs"].push_back({{"key", pj["key"]},
+                           {"checkpoint_name", pj["checkpoint_name"]},
+                           {"spec", pj["spec"]},
+                           {"thresholds", pj["thresholds"]},
+                           {"verdict", VerdictToString(r.verdict.verdict)},
+                           {"reason", r.verdict.reason},
+                           {"certificate", it == by_key.end() ? json(nullptr) : it->second->certificate}});
   }
   WriteFileAtomic(out_dir + "/summary.csv", csv.str());
-  WriteFileAtomic(out_dir + "/report.md", "# lipcert audit: " + plan_json["audit_file"].get<std::string>() + "\n\n" +
-                                              md.str());
+  WriteAuditReport(doc, out_dir);
 
   int status = 0;
   for (const Row& r : rows)

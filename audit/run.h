@@ -1,12 +1,13 @@
 // Running an audit plan: the jobs not yet in the journal, concurrently on this machine
 // (--jobs K), one shard of an array job (--shard I/N), or handed out by MPI rank 0; then the
-// verdicts, the table on stdout, summary.csv and report.md in the output folder.
+// verdicts, the table on stdout, summary.csv and the report in the output folder.
 //
 //   OUT/plan.json        the jobs (keys, specs, thresholds) of this run or shard
 //   OUT/journal.jsonl    one certificate per finished job (audit/journal.h)
 //   OUT/partial/KEY.json the best certificate so far of a job in flight (removed when done)
 //   OUT/summary.csv      one row per job
-//   OUT/report.md        the table in Markdown
+//   OUT/audit.json       lipcert.audit/1: plan, verdicts, certificates (audit/report.h)
+//   OUT/report.html      the report (reports/), and its Markdown twin report.md
 #pragma once
 
 #include <nlohmann/json.hpp>
