@@ -35,6 +35,14 @@ double Num(const json& c, const char* k, double if_null) {
   return c.is_object() && c.contains(k) && c[k].is_number() ? c[k].get<double>() : if_null;
 }
 
+// "max_upper 1000, max_gap 10" ("-" when none).
+std::string ThresholdsText(const json& t) {
+  std::string out;
+  for (const char* k : {"max_upper", "max_gap", "min_lower"})
+    if (t.contains(k) && t[k].is_number()) out += (out.empty() ? "" : ", ") + std::string(k) + " " + rp::FormatNumber(t[k].get<double>());
+  return out.empty() ? "-" : out;
+}
+
 std::vector<rp::Section> RenderAudits(const std::vector<const rp::ReportInput*>& inputs) {
   std::vector<rp::Section> out;
   for (const rp::ReportInput* in : inputs) {
@@ -76,7 +84,7 @@ std::vector<rp::Section> RenderAudits(const std::vector<const rp::ReportInput*>&
                         c.is_null() ? "-" : rp::FormatNumber(lower > 0 ? upper / lower : INFINITY, 4),
                         c.is_null() ? "missing" : c.value("status", "?"),
                         c.is_null() ? "-" : rp::FormatNumber(Num(c, "elapsed_s", 0), 3),
-                        j.contains("thresholds") ? j["thresholds"].dump() : "{}", j["verdict"].get<std::string>(),
+                        ThresholdsText(j.value("thresholds", json::object())), j["verdict"].get<std::string>(),
                         j.value("reason", "")});
       if (!c.is_null()) bp.groups.push_back({"#" + std::to_string(i), {upper, lower}});
     }

@@ -107,6 +107,10 @@ JournalEntry RunAuditJob(const AuditJob& job, int threads, const std::string& pa
     prepared.options.on_improvement = [&](const Certificate& c) {
       WriteFileAtomic(partial_path, portable(ToJson(c)).dump(2) + "\n");
     };
+  // The key names the checkpoint as it was validated; a file replaced since then would
+  // journal a certificate under the wrong key.
+  if (prepared.model.sha256 != job.checkpoint_sha256)
+    throw InputError(job.request.model.path, "sha256", "the checkpoint changed after the audit file was validated; rerun");
   const CertifyOutcome out = RunJob(prepared);
   return {job.key, job.spec, portable(ToJson(out.certificate))};
 }
