@@ -32,7 +32,8 @@ int Main(int argc, char** argv) {
   CLI::App app{"lipcert: certified local Lipschitz bounds of attention layers"};
   app.require_subcommand(1);
   const std::vector<Command> commands = {AddInspectCommand(app), AddCertifyCommand(app), AddSearchCommand(app),
-                                         AddZooCommand(app), AddBenchCommand(app)};
+                                         AddZooCommand(app), AddBenchCommand(app),
+                                         AddSweepCommand(app), AddReportCommand(app), AddAuditCommand(app)};
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
