@@ -4,7 +4,7 @@
 #
 # Usage: bench/torch_compare.sh [BUILD_DIR]        (default BUILD_DIR: build)
 # Environment overrides:
-#   LIPCERT_BASELINE  path of torch_jacobian_baseline.py (default ../shared/bench/ from the repo root)
+#   LIPCERT_BASELINE  path of torch_jacobian_baseline.py (default bench/torch_jacobian_baseline.py, the baseline the targets are measured against)
 #   LIPCERT_PYTHON    a python with torch (default /usr/bin/python3)
 #   LIPCERT_BENCH     the bench command (default BUILD_DIR/bench/kernels_bench)
 #   LIPCERT_SIZES     "N,D,H,BATCH;..." (default "16,64,4,64;32,256,8,32;128,768,12,8")
@@ -15,7 +15,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build="${1:-build}"
-baseline="${LIPCERT_BASELINE:-../shared/bench/torch_jacobian_baseline.py}"
+baseline="${LIPCERT_BASELINE:-bench/torch_jacobian_baseline.py}"
 python="${LIPCERT_PYTHON:-/usr/bin/python3}"
 bench="${LIPCERT_BENCH:-$build/bench/kernels_bench}"
 threads="${LIPCERT_THREADS:-2}"

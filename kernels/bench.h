@@ -1,6 +1,6 @@
 // `lipcert bench`: throughput of the evaluator's top-singular-value search at random points
 // of a random layer (weights N(0,1)/sqrt(D), like the torch baseline in
-// ../shared/bench/torch_jacobian_baseline.py; points N(0,1)).
+// bench/torch_jacobian_baseline.py; points N(0,1)).
 #pragma once
 
 #include <string>
