@@ -6,7 +6,7 @@
 set -euo pipefail
 pkgs=(cmake ninja-build g++ clang libclang-rt-dev libeigen3-dev libboost-dev libmpfr-dev
       libgmp-dev libmpfrc++-dev nlohmann-json3-dev libcli11-dev libgtest-dev libgmock-dev
-      libbenchmark-dev libtomlplusplus-dev libopenmpi-dev openmpi-bin
+      libbenchmark-dev libtomlplusplus-dev libopenmpi-dev openmpi-bin ccache
       chromium)  # headless browser for tests/reports/browser_test.sh
 if [[ "${1:-}" == "--python" ]]; then pkgs+=(python3-torch python3-numpy); fi
 missing=()

@@ -12,6 +12,9 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 jobs="${LIPCERT_MATRIX_JOBS:-2}"
+# ccache (installed by scripts/install-deps.sh) makes reruns of the matrix cheap.
+launcher=()
+if command -v ccache >/dev/null; then launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache); fi
 fail=0
 mkdir -p build-matrix
 
@@ -37,7 +40,7 @@ for c in "${configs[@]}"; do
   dir="build-matrix/${name}$(echo "$flags" | tr -d ' =-')"
   echo "=== $name $flags -> $dir"
   if ! cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=None -DCMAKE_CXX_COMPILER="$cxx" \
-        -DCMAKE_CXX_FLAGS="$flags" -DLIPCERT_NATIVE=OFF -DLIPCERT_BENCH=OFF -DLIPCERT_CUDA=OFF >"$dir.configure.log" 2>&1; then
+        -DCMAKE_CXX_FLAGS="$flags" -DLIPCERT_NATIVE=OFF -DLIPCERT_BENCH=OFF -DLIPCERT_CUDA=OFF "${launcher[@]}" >"$dir.configure.log" 2>&1; then
     echo "interval-matrix: FAIL: configure ($dir.configure.log)"; fail=1; continue
   fi
   if ! cmake --build "$dir" --target interval_tests -j"$jobs" >"$dir.build.log" 2>&1; then
@@ -57,7 +60,7 @@ if command -v g++ >/dev/null; then
   echo "=== gcc -ffast-math -Ofast -> $dir"
   if ! cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_COMPILER=g++ \
         -DCMAKE_CXX_FLAGS="-ffast-math -Ofast" -DLIPCERT_NATIVE=OFF -DLIPCERT_BENCH=OFF \
-        -DLIPCERT_CUDA=OFF >"$dir.configure.log" 2>&1; then
+        -DLIPCERT_CUDA=OFF "${launcher[@]}" >"$dir.configure.log" 2>&1; then
     echo "interval-matrix: FAIL: configure ($dir.configure.log)"; fail=1
   fi
   if [[ -f "$dir/build.ninja" ]]; then
