@@ -41,19 +41,14 @@ struct SearchOptions {
   NormKind norm = NormKind::kL2;
   int threads = 0;           // 0: std::thread::hardware_concurrency()
   bool structured = true;    // include the theory's structured starts
-  bool exact_inf_centre = true;  // kLinf: the centre's exact largest row (N*D VJPs, not
-                                 // bounded by time_limit_s; see docs/search.md for the cost)
+  bool exact_inf_centre = true;  // kLinf: the centre's exact largest row (N*D VJPs, within
+                                 // half of time_limit_s; see docs/search.md for the cost)
   bool rigorous = true;      // re-evaluate the final witness in interval arithmetic
   bool verbose = false;      // progress lines on stderr
 };
 
 // Returns "" when valid, else a message naming the bad field.
 std::string ValidateSearchOptions(const SearchOptions& opts);
-
-// rigorous: lower_bound <= ||J(X*) v|| / ||v|| (0 when not evaluated)
-  std::string origin;        // "centre", "sample", "boundary", "split-attention", "mass-unbalanced",
-                             // "mass-split", "perturb"; "ascent:<origin>" after ascent
-};
 
 struct SearchResult {
   Witness best;
