@@ -3,6 +3,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <stdexcept>
 
 #include "certify/certify.h"
 #include "certify/closed_form.h"
@@ -29,6 +30,15 @@ Certificate CertifyOn(const AttentionLayer& layer, SetKind kind, const Eigen::Ma
   p.preset = "native";
   p.centre_source = what;
   return Certify(layer, set, co, p);
+}
+
+// A witness compared with a certificate on a set must certainly lie in that set.
+void RequireInSet(SetKind kind, const Eigen::MatrixXd& centre, double radius, const Eigen::MatrixXd& x) {
+  InputSet set;
+  set.kind = kind;
+  set.center = centre;
+  set.radius = radius;
+  if (!CertainlyInSet(set, x)) throw std::logic_error("validation: a construction is not certainly in its set");
 }
 
 double Engine(const Certificate& c, const std::string& name) {
@@ -146,10 +156,12 @@ ValidationResult RunValidation(const ValidationOptions& o) {
     g.dot_upper = cd.upper_bound.value();
     g.dot_lower = cd.lower_bound.value();
     g.castin = Engine(cd, "closed_form/castin");
-    g.variance_formula = VarianceFormula(n, r);
+    g.variance_formula = VarianceFormula(n, r * kInside);
     Eigen::MatrixXd e1 = Eigen::MatrixXd::Zero(n, 1);
     e1(0, 0) = 1;
-    g.variance_witness = WitnessLowerBound(dot, VarianceInput(n, r), e1, NormKind::kL2);
+    const Eigen::MatrixXd xv = VarianceInput(n, r * kInside);
+    RequireInSet(SetKind::kTokens, zero, r, xv);
+    g.variance_witness = WitnessLowerBound(dot, xv, e1, NormKind::kL2);
     const Certificate cl = CertifyOn(l2, SetKind::kTokens, zero, r, NormKind::kL2, o, "unit L2 layer, tokens set around 0");
     g.l2_upper = cl.upper_bound.value();
     g.l2_lower = cl.lower_bound.value();
@@ -182,7 +194,8 @@ ValidationResult RunValidation(const ValidationOptions& o) {
     c.tokens = light + 1;
     c.radius = 2 * std::sqrt(std::log(double(light)));
     c.formula = CastinMassFormula(c.tokens);
-    const Eigen::MatrixXd x = UnbalancedInput(1, light, c.radius);
+    const Eigen::MatrixXd x = UnbalancedInput(1, light, c.radius * kInside);
+    RequireInSet(SetKind::kTokens, Eigen::MatrixXd::Zero(c.tokens, 1), c.radius, x);
     Eigen::MatrixXd e1 = Eigen::MatrixXd::Zero(c.tokens, 1);
     e1(0, 0) = 1;
     c.moving_witness = WitnessLowerBound(dot, x, e1, NormKind::kL2);
@@ -192,8 +205,12 @@ ValidationResult RunValidation(const ValidationOptions& o) {
     c.certified_upper = cert.upper_bound.value();
     c.castin = Engine(cert, "closed_form/castin");
     c.split_tokens = 2 * c.tokens;
-    c.one_heavy_witness = BestDirectionWitness(dot, UnbalancedInput(1, c.split_tokens - 1, c.radius), NormKind::kL2);
-    c.split_witness = BestDirectionWitness(dot, UnbalancedInput(2, c.split_tokens - 2, c.radius), NormKind::kL2);
+    const Eigen::MatrixXd one = UnbalancedInput(1, c.split_tokens - 1, c.radius * kInside);
+    const Eigen::MatrixXd two = UnbalancedInput(2, c.split_tokens - 2, c.radius * kInside);
+    RequireInSet(SetKind::kTokens, Eigen::MatrixXd::Zero(c.split_tokens, 1), c.radius, one);
+    RequireInSet(SetKind::kTokens, Eigen::MatrixXd::Zero(c.split_tokens, 1), c.radius, two);
+    c.one_heavy_witness = BestDirectionWitness(dot, one, NormKind::kL2);
+    c.split_witness = BestDirectionWitness(dot, two, NormKind::kL2);
     const Certificate split = CertifyOn(dot, SetKind::kTokens, Eigen::MatrixXd::Zero(c.split_tokens, 1), c.radius,
                                         NormKind::kL2, o, "unit dot layer, B_R^N");
     c.split_certified_upper = split.upper_bound.value();

@@ -85,6 +85,11 @@ struct ValidationResult {
 ValidationResult RunValidation(const ValidationOptions& options);
 std::vector<Section> ValidationSections(const ValidationResult& result);
 
+// Constructions that sit on the boundary of B_R^N (a token of norm exactly R) are built at
+// radius kInside * R, so that they are certainly in the set after upward rounding of their
+// norms (certify/witness_eval.h CertainlyInSet); the formulas move by O(1e-12) relative.
+constexpr double kInside = 1 - 1e-12;
+
 // The building blocks (also used by the tests).
 AttentionLayer UnitLayer(AttentionKind kind);              // D = H = dk = 1, all weights 1
 double LambertW0(double x);                                // to double accuracy (Newton)
