@@ -32,7 +32,8 @@ struct ValidationOptions {
   int threads = 0;                         // 0: all cores
   int growth_tokens = 8;                   // N of the radius sweeps
   std::vector<double> growth_radii = {0.5, 1, 2, 3, 4};
-  std::vector<int> kim_tokens = {2, 10, 100, 1000};
+  std::vector<int> kim_tokens = {2, 3, 10, 11, 100, 101, 1000, 1001};
+  int kim_certify_max_tokens = 101;        // certify at the construction only up to this N
   std::vector<int> castin_light_tokens = {4, 16, 64};  // N - 1 of the unbalanced construction
 };
 
@@ -56,7 +57,7 @@ struct KimRow {
   double published_ascent = 0;        // their numerical ascent (0 when not published)
   double construction_formula = 0;    // 4 w + (2 - y)/y
   LowerBound construction_witness{0}; // rigorous ||J||_inf lower bound at the construction
-  double certified_upper = 0;         // lipcert, norm inf, at the construction (radius 0)
+  double certified_upper = 0;         // lipcert, norm inf, at the construction (radius 0); 0: not run
   double kim_l2_bound = 0;            // closed_form/kim (norm 2)
 };
 

@@ -131,6 +131,7 @@ TEST(Validation, RunValidationIsConsistent) {
   EXPECT_GT(r.growth[1].variance_witness.value(), r.growth[0].variance_witness.value());
   ASSERT_EQ(r.kim.size(), 3u);
   for (const KimRow& k : r.kim) {
+    EXPECT_GT(k.certified_upper, 0) << k.tokens;
     EXPECT_GE(k.certified_upper, k.construction_witness.value()) << k.tokens;
     EXPECT_LE(k.construction_witness.value(), k.kim_inf_bound) << k.tokens;
     if (k.tokens % 2) EXPECT_GE(k.construction_witness.value(), k.construction_formula * (1 - kTol));
