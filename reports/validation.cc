@@ -341,8 +341,11 @@ std::vector<Section> ValidationSections(const ValidationResult& r) {
         "Dot layer, D = H = 1, unit weights, tokens sets ||x_i|| <= R around 0. With x_1 = R and x_2..x_N = R/2 and "
         "N - 1 = exp(R^2/4), every other query puts half its attention on x_1 and ||J e_1|| >= (sqrt(N-1)/2)(1 + "
         "log(N-1)/2) (Castin et al.). lipcert evaluates J e_1 there rigorously (moving x_1) and along the top singular "
-        "direction; and at twice the tokens with the same R, one heavy token against the heavy token duplicated "
-        "(mass splitting)."});
+        "direction. Mass splitting, at twice the tokens and the same R: every token duplicated (two heavy, 2(N-1) "
+        "light: the same attention weights, so the witness equals the N-token one exactly) against one heavy token "
+        "among 2N - 1 light ones (less than half the attention on it, yet a larger witness here). Castin et al.'s "
+        "point, that duplicating a token before perturbing it can beat moving tokens, concerns sets that allow "
+        "duplication; on a fixed B_R^N lipcert's certified bound holds for both."});
     LinePlot lp;
     lp.title = "Castin et al.'s unbalanced-mass lower bound against N";
     lp.x_label = "tokens N (R = 2 sqrt(log(N-1)))";

@@ -11,8 +11,8 @@
 //   Castin et al. (ICML 2024)
 //     - on B_R^N the closed-form DP bound grows like R^2, witnessed values much faster;
 //     - unbalanced mass: x_1 = R, x_2..x_N = R/2 with N - 1 = exp(R^2/4) gives
-//       ||J||_2 >= (sqrt(N-1)/2)(1 + log(N-1)/2); mass splitting (the heavy token
-//       duplicated) at the same N and R beats moving one token.
+//       ||J||_2 >= (sqrt(N-1)/2)(1 + log(N-1)/2); and mass splitting at 2N tokens, the same
+//       R: every token duplicated (the heavy one too) against one heavy token among 2N - 1.
 // Every witness is evaluated rigorously (certify/witness_eval.h); every certified bound
 // comes from Certify (certify/certify.h) on the set the witness lies in.
 #pragma once

@@ -134,7 +134,9 @@ TEST(Validation, RunValidationIsConsistent) {
     EXPECT_GT(k.certified_upper, 0) << k.tokens;
     EXPECT_GE(k.certified_upper, k.construction_witness.value()) << k.tokens;
     EXPECT_LE(k.construction_witness.value(), k.kim_inf_bound) << k.tokens;
-    if (k.tokens % 2) EXPECT_GE(k.construction_witness.value(), k.construction_formula * (1 - kTol));
+    if (k.tokens % 2) {
+      EXPECT_GE(k.construction_witness.value(), k.construction_formula * (1 - kTol));
+    }
   }
   EXPECT_NEAR(r.kim[0].published_bound, r.kim[0].kim_inf_bound, 0.01);
   ASSERT_EQ(r.castin.size(), 1u);
