@@ -293,6 +293,7 @@ SweepSummary RunSweep(const SweepOptions& o) {
                              {"certificate", ToJson(out.certificate)}});
     doc["updated"] = UtcNow();
     WriteFileAtomic(journal_path, doc.dump(1) + "\n");
+    WriteFileAtomic((fs::path(o.out_dir) / "sweep.csv").string(), SweepCsv(doc));
     ++summary.computed;
   }
   progress.Finish();
