@@ -23,7 +23,8 @@ Command AddCertifyCommand(CLI::App& parent);
 Command AddSearchCommand(CLI::App& parent);
 Command AddZooCommand(CLI::App& parent);
 Command AddBenchCommand(CLI::App& parent);
-Command AddSweepCommand(CLI::App& parent);  Command AddReportCommand(CLI::App& parent);
+Command AddSweepCommand(CLI::App& parent);
+Command AddReportCommand(CLI::App& parent);
 Command AddAuditCommand(CLI::App& parent);
 
 // Shared by certify and search: the request's options and where output goes.

@@ -1,7 +1,7 @@
 // lipcert command-line interface: one file per subcommand (cli/<name>.cc); the
 // certification pipeline itself is certify/pipeline.h.
 //
-//   lipcert inspect | certify | search | zoo | bench   (lipcert SUBCOMMAND --help)
+//   lipcert inspect | certify | search | zoo | bench | sweep | report   (lipcert SUBCOMMAND --help)
 //
 // Exit status: 0 success, 2 bad input (one line naming the file and the field, no output
 // file written), 1 internal error. Nothing below main() exits.

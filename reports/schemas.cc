@@ -210,7 +210,6 @@ std::vector<Section> RenderSweeps(const std::vector<const ReportInput*>& inputs)
     s.blocks.push_back(Paragraph{sw["command_line"].get<std::string>(), true});
     // Group the points.
     std::vector<PointView> views;
-    std::set<std::string> models_with_layers;
     std::map<std::string, std::set<int>> layers_of;
     for (const json& p : sw["points"]) {
       const json& c = p["certificate"];

@@ -47,7 +47,7 @@ Axis MakeAxis(std::vector<double> values, AxisScale scale, bool include_zero, st
   double mn = values.empty() ? 0 : *std::min_element(values.begin(), values.end());
   double mx = values.empty() ? 1 : *std::max_element(values.begin(), values.end());
   const bool positive = !values.empty() && mn > 0;
-  a.log = scale == AxisScale::kLog ? positive : scale == AxisScale::kAuto ? (positive && mx / mn > 30) : false;
+  a.log = scale == AxisScale::kLog ? positive : scale == AxisScale::kAuto ? (positive && mx / mn > 10) : false;
   ticks->clear();
   if (a.log) {
     double lo = std::pow(10.0, std::floor(std::log10(mn))), hi = std::pow(10.0, std::ceil(std::log10(mx)));
@@ -197,7 +197,7 @@ std::string RenderLinePlot(const LinePlot& p) {
   Axis x = MakeAxis(xs, p.x_scale, false, &xt);
   const bool y_log_wanted = p.y_scale == AxisScale::kLog ||
                             (p.y_scale == AxisScale::kAuto && !ys_pos.empty() &&
-                             *std::max_element(ys_pos.begin(), ys_pos.end()) / *std::min_element(ys_pos.begin(), ys_pos.end()) > 30);
+                             *std::max_element(ys_pos.begin(), ys_pos.end()) / *std::min_element(ys_pos.begin(), ys_pos.end()) > 10);
   Axis y = MakeAxis(y_log_wanted ? ys_pos : ys, y_log_wanted ? AxisScale::kLog : AxisScale::kLinear, !y_log_wanted, &yt);
   x.px0 = f.left + 10;
   x.px1 = f.width - f.right - 10;
@@ -265,7 +265,7 @@ std::string RenderBarPlot(const BarPlot& p) {
   std::vector<double> yt, xt_unused;
   const bool y_log = p.y_scale == AxisScale::kLog ||
                      (p.y_scale == AxisScale::kAuto && !ys.empty() &&
-                      *std::max_element(ys.begin(), ys.end()) / *std::min_element(ys.begin(), ys.end()) > 30);
+                      *std::max_element(ys.begin(), ys.end()) / *std::min_element(ys.begin(), ys.end()) > 10);
   Axis y = MakeAxis(ys, y_log ? AxisScale::kLog : AxisScale::kLinear, !y_log, &yt);
   Axis x;  // group index: group g spans [g, g + 1)
   x.lo = 0;

@@ -28,7 +28,7 @@ struct Band {                  // shaded region lo(x) <= y <= hi(x)
   std::string color = "#1f77b4";
 };
 
-enum class AxisScale { kAuto, kLinear, kLog };  // auto: log when positive data spans > 30x
+enum class AxisScale { kAuto, kLinear, kLog };  // auto: log when positive data spans more than a decade
 
 struct LinePlot {
   std::string title, x_label, y_label;

@@ -45,7 +45,6 @@ class Progress {
   Progress(bool enabled, int total) : enabled_(enabled), tty_(isatty(2)), total_(total) {}
   void Start(const std::string& what) {
     current_ = what;
-    point_start_ = Clock::now();
     if (tty_) Line("certifying");
   }
   void Improved(const Certificate& c) {
@@ -56,7 +55,6 @@ class Progress {
   }
   void Done(const Certificate& c) {
     ++done_;
-    total_seconds_ += c.elapsed_s;
     if (!enabled_) return;
     char buf[160];
     std::snprintf(buf, sizeof buf, "upper %.6g  lower %.6g  gap %.4g  %s  %.1f s", c.upper_bound.value(),
@@ -92,9 +90,8 @@ class Progress {
   }
   bool enabled_, tty_;
   int total_, done_ = 0, skipped_ = 0;
-  double total_seconds_ = 0;
   std::string current_;
-  Clock::time_point start_ = Clock::now(), point_start_;
+  Clock::time_point start_ = Clock::now();
 };
 
 // The existing journal in out_dir, or an empty object.
@@ -293,6 +290,7 @@ SweepSummary RunSweep(const SweepOptions& o) {
                              {"certificate", ToJson(out.certificate)}});
     doc["updated"] = UtcNow();
     WriteFileAtomic(journal_path, doc.dump(1) + "\n");
+    WriteFileAtomic((fs::path(o.out_dir) / "sweep.csv").string(), SweepCsv(doc));
     ++summary.computed;
   }
   progress.Finish();

@@ -11,8 +11,8 @@
 //   Castin et al. (ICML 2024)
 //     - on B_R^N the closed-form DP bound grows like R^2, witnessed values much faster;
 //     - unbalanced mass: x_1 = R, x_2..x_N = R/2 with N - 1 = exp(R^2/4) gives
-//       ||J||_2 >= (sqrt(N-1)/2)(1 + log(N-1)/2); mass splitting (the heavy token
-//       duplicated) at the same N and R beats moving one token.
+//       ||J||_2 >= (sqrt(N-1)/2)(1 + log(N-1)/2); and mass splitting at 2N tokens, the same
+//       R: every token duplicated (the heavy one too) against one heavy token among 2N - 1.
 // Every witness is evaluated rigorously (certify/witness_eval.h); every certified bound
 // comes from Certify (certify/certify.h) on the set the witness lies in.
 #pragma once
@@ -32,7 +32,8 @@ struct ValidationOptions {
   int threads = 0;                         // 0: all cores
   int growth_tokens = 8;                   // N of the radius sweeps
   std::vector<double> growth_radii = {0.5, 1, 2, 3, 4};
-  std::vector<int> kim_tokens = {2, 10, 100, 1000};
+  std::vector<int> kim_tokens = {2, 3, 10, 11, 100, 101, 1000, 1001};
+  int kim_certify_max_tokens = 101;        // certify at the construction only up to this N
   std::vector<int> castin_light_tokens = {4, 16, 64};  // N - 1 of the unbalanced construction
 };
 
@@ -56,7 +57,7 @@ struct KimRow {
   double published_ascent = 0;        // their numerical ascent (0 when not published)
   double construction_formula = 0;    // 4 w + (2 - y)/y
   LowerBound construction_witness{0}; // rigorous ||J||_inf lower bound at the construction
-  double certified_upper = 0;         // lipcert, norm inf, at the construction (radius 0)
+  double certified_upper = 0;         // lipcert, norm inf, at the construction (radius 0); 0: not run
   double kim_l2_bound = 0;            // closed_form/kim (norm 2)
 };
 
@@ -84,6 +85,11 @@ struct ValidationResult {
 
 ValidationResult RunValidation(const ValidationOptions& options);
 std::vector<Section> ValidationSections(const ValidationResult& result);
+
+// Constructions that sit on the boundary of B_R^N (a token of norm exactly R) are built at
+// radius kInside * R, so that they are certainly in the set after upward rounding of their
+// norms (certify/witness_eval.h CertainlyInSet); the formulas move by O(1e-12) relative.
+constexpr double kInside = 1 - 1e-12;
 
 // The building blocks (also used by the tests).
 AttentionLayer UnitLayer(AttentionKind kind);              // D = H = dk = 1, all weights 1

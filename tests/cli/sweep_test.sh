@@ -27,6 +27,7 @@ kill -9 "$pid" 2>/dev/null
 wait "$pid" 2>/dev/null
 pid=""
 cp "$tmp/sw/sweep.json" "$tmp/killed.json"
+check "the killed sweep left its CSV too" "[ \$(wc -l < '$tmp/sw/sweep.csv') -ge 2 ]"
 check "the killed sweep left a valid journal with finished points" \
   "python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d[\"schema\"]==\"lipcert.sweep/1\" and 1 <= len(d[\"points\"]) < d[\"total_points\"] == 10 and not d[\"complete\"]' '$tmp/killed.json'"
 check "no temporary files left behind but the one being written" "[ \$(ls '$tmp/sw' | grep -c '\.tmp\.') -le 1 ]"
@@ -62,6 +63,9 @@ check "markdown links its SVGs, which exist" \
   --time-limit 0.5 --threads 1 --quiet --json "$tmp/c.json" >/dev/null
 "$bin" report "$tmp/sw/sweep.json" "$tmp/c.json" --html "$tmp/r.html" --markdown "$tmp/r.md" >/dev/null
 check "report renders a sweep and a certificate" "[ $? -eq 0 ] && grep -q 'Certificate' '$tmp/r.html' && grep -q 'Sweep' '$tmp/r.md'"
+
+"$bin" report "$tmp/c.json" --html "$tmp/v.html" --validate --validation-time-limit 0.2 --threads 1 >/dev/null
+check "report --validate adds the validation section" "grep -q 'Validation: Kim et al.' '$tmp/v.html' && grep -q 'Validation: Castin et al.' '$tmp/v.html'"
 
 # Bad input: exit 2, one line naming the file and the field, no report written.
 echo '{"schema": "lipcert.nope/1"}' >"$tmp/unknown.json"

@@ -29,12 +29,13 @@ double CertifiedUpper(const AttentionLayer& L, SetKind kind, const Eigen::Matrix
 }
 
 TEST(Validation, KimPublishedBoundsReproduced) {
-  // Kim et al.: 4 W0((N-1)/e) + 1 = 2.11, 5.40, 11.52, 18.68 at N = 2, 10, 100, 1000.
+  // Kim et al.: 4 W0((N-1)/e) + 1 = 2.11, 5.40, 11.52, 18.68 at N = 2, 10, 100, 1000, to the
+  // last printed digit (at N = 100 the exact value is 11.5146, printed 11.52).
   const int ns[] = {2, 10, 100, 1000};
   const double published[] = {2.11, 5.40, 11.52, 18.68};
   for (int i = 0; i < 4; ++i) {
     const double w = LambertW0((ns[i] - 1) / std::exp(1.0));
-    EXPECT_NEAR(4 * w + 1, published[i], 0.005) << "N = " << ns[i];
+    EXPECT_NEAR(4 * w + 1, published[i], 0.01) << "N = " << ns[i];
     EXPECT_GE(LambertW0Upper((ns[i] - 1) / std::exp(1.0)), w);
     EXPECT_NEAR(w * std::exp(w), (ns[i] - 1) / std::exp(1.0), 1e-12 * ns[i]);
   }
@@ -66,7 +67,13 @@ TEST(Validation, DotAttentionGrowsWithoutBound) {
   e1(0, 0) = 1;
   double previous = 0;
   for (double r : {0.5, 1.0, 2.0, 4.0, 8.0, 16.0}) {
-    const LowerBound w = WitnessLowerBound(dot, VarianceInput(n, r), e1, NormKind::kL2);
+    const Eigen::MatrixXd x = VarianceInput(n, r * kInside);
+    InputSet set;
+    set.kind = SetKind::kTokens;
+    set.center = Eigen::MatrixXd::Zero(n, 1);
+    set.radius = r;
+    ASSERT_TRUE(CertainlyInSet(set, x));
+    const LowerBound w = WitnessLowerBound(dot, x, e1, NormKind::kL2);
     EXPECT_GE(w.value(), VarianceFormula(n, r) * (1 - kTol)) << "R = " << r;
     EXPECT_GT(w.value(), previous);
     previous = w.value();
@@ -81,7 +88,7 @@ TEST(Validation, CastinUnbalancedMassReachesTheFormula) {
   for (int light : {4, 16, 64}) {
     const int n = light + 1;
     const double r = 2 * std::sqrt(std::log(double(light)));
-    const Eigen::MatrixXd x = UnbalancedInput(1, light, r);
+    const Eigen::MatrixXd x = UnbalancedInput(1, light, r * kInside);
     Eigen::MatrixXd e1 = Eigen::MatrixXd::Zero(n, 1);
     e1(0, 0) = 1;
     const LowerBound moving = WitnessLowerBound(dot, x, e1, NormKind::kL2);
@@ -96,7 +103,7 @@ TEST(Validation, CastinUnbalancedMassReachesTheFormula) {
     for (const ClosedFormBound& b : ClosedFormBounds(dot, ball, NormKind::kL2)) EXPECT_GE(b.upper.value(), best.value());
     EXPECT_GE(CertifiedUpper(dot, SetKind::kTokens, ball.center, r, NormKind::kL2), best.value());
     // Mass splitting at 2N tokens, same R: certified on that set is above both witnesses.
-    const LowerBound split = BestDirectionWitness(dot, UnbalancedInput(2, 2 * n - 2, r), NormKind::kL2);
+    const LowerBound split = BestDirectionWitness(dot, UnbalancedInput(2, 2 * n - 2, r * kInside), NormKind::kL2);
     EXPECT_GE(CertifiedUpper(dot, SetKind::kTokens, Eigen::MatrixXd::Zero(2 * n, 1), r, NormKind::kL2), split.value());
     ++checked;
   }
@@ -124,11 +131,14 @@ TEST(Validation, RunValidationIsConsistent) {
   EXPECT_GT(r.growth[1].variance_witness.value(), r.growth[0].variance_witness.value());
   ASSERT_EQ(r.kim.size(), 3u);
   for (const KimRow& k : r.kim) {
+    EXPECT_GT(k.certified_upper, 0) << k.tokens;
     EXPECT_GE(k.certified_upper, k.construction_witness.value()) << k.tokens;
     EXPECT_LE(k.construction_witness.value(), k.kim_inf_bound) << k.tokens;
-    if (k.tokens % 2) EXPECT_GE(k.construction_witness.value(), k.construction_formula * (1 - kTol));
+    if (k.tokens % 2) {
+      EXPECT_GE(k.construction_witness.value(), k.construction_formula * (1 - kTol));
+    }
   }
-  EXPECT_NEAR(r.kim[0].published_bound, r.kim[0].kim_inf_bound, 0.005);
+  EXPECT_NEAR(r.kim[0].published_bound, r.kim[0].kim_inf_bound, 0.01);
   ASSERT_EQ(r.castin.size(), 1u);
   EXPECT_GE(r.castin[0].moving_witness.value(), r.castin[0].formula * (1 - kTol));
   EXPECT_GE(r.castin[0].certified_upper, r.castin[0].best_witness.value());
