@@ -243,13 +243,23 @@ class BlockAccumulator {
 IntervalMatrix AssembleBlock(const CentreState& S, int r0, int r1, int c0, int c1, int threads) {
   const int d = S.d, n = S.n, nc = c1 - c0, nr = r1 - r0;
   // Column caches: W_h L_j and the rows r (times L_j) for every column token.
-  std::vector<std::vector<IntervalMatrix>> wl(nc, std::vector<IntervalMatrix>(S.heads));
-  std::vector<std::vector<IntervalMatrix>> gl(nc, std::vector<IntervalMatrix>(S.heads));
+  // Without LayerNorm they are the head's own W_h and g (no copies).
+  std::vector<std::vector<IntervalMatrix>> wl_ln, gl_ln;
+  std::vector<std::vector<const IntervalMatrix*>> wl(nc, std::vector<const IntervalMatrix*>(S.heads));
+  std::vector<std::vector<const IntervalMatrix*>> gl(nc, std::vector<const IntervalMatrix*>(S.heads));
+  if (S.ln) {
+    wl_ln.assign(nc, std::vector<IntervalMatrix>(S.heads));
+    gl_ln.assign(nc, std::vector<IntervalMatrix>(S.heads));
+  }
   ParallelFor(nc * S.heads, WorkerCount(threads, nc * S.heads), [&](int t, int) {
     const int jj = t / S.heads, h = t % S.heads, j = c0 + jj;
     const HeadCentre& H = S.head[h];
-    wl[jj][h] = S.ln ? ApplyLn(H.w, S.ln_factor[j]) : H.w;
-    gl[jj][h] = S.ln ? ApplyLn(H.g, S.ln_factor[j]) : H.g;
+    if (S.ln) {
+      wl_ln[jj][h] = ApplyLn(H.w, S.ln_factor[j]);
+      gl_ln[jj][h] = ApplyLn(H.g, S.ln_factor[j]);
+    }
+    wl[jj][h] = S.ln ? &wl_ln[jj][h] : &H.w;
+    gl[jj][h] = S.ln ? &gl_ln[jj][h] : &H.g;
   });
   Eigen::MatrixXd mid(nr * d, nc * d), rad(nr * d, nc * d);
   ParallelFor(nr, WorkerCount(threads, nr), [&](int ii, int) {
@@ -272,8 +282,8 @@ IntervalMatrix AssembleBlock(const CentreState& S, int r0, int r1, int c0, int c
       BlockAccumulator acc(d);
       for (int h = 0; h < S.heads; ++h) {
         const HeadCentre& H = S.head[h];
-        acc.AddScaled(H.p.mid(i, j), H.p.rad(i, j), wl[jj][h]);
-        const IntervalMatrix& g = gl[jj][h];
+        acc.AddScaled(H.p.mid(i, j), H.p.rad(i, j), *wl[jj][h]);
+        const IntervalMatrix& g = *gl[jj][h];
         const Eigen::VectorXd am = a[h].mid.row(j - a0).transpose(), ar = a[h].rad.row(j - a0).transpose();
         if (S.dot) {
           acc.AddOuter(am, ar, g.mid.row(i).transpose(), g.rad.row(i).transpose());
