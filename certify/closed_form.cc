@@ -82,11 +82,37 @@ UpperBound Kim(const AttentionLayer& L, int n) {
   return UpperBound(MulUp(MulUp(MulUp(pre, factor), SqrtUp(s)), NormL2Upper(L.wo).value()));
 }
 
+// Kim et al.'s l_inf bound (docs/engines.md, "Kim et al.'s l_inf bound"), in the form
+//   Lip_inf <= (4 W0((N-1)/e) + 1/sqrt(dk)) min( sum_h ||Wo_h Wv_h Wq_h^T||_inf ||Wq_h||_inf,
+//                                                ||Wo||_inf max_h ||Wv_h Wq_h^T||_inf ||Wq_h||_inf ),
+// which is never above the published ||Wo||_inf max_h ||Wq_h||_1 ||Wq_h||_inf max_h ||Wv_h||_inf
+// (nn.Linear convention) times the same factor.
+UpperBound KimInf(const AttentionLayer& L, int n) {
+  const double w0 = LambertW0Upper(DivUp(double(n - 1), ExpLower(1.0)));
+  const double factor = AddUp(MulUp(4.0, w0), DivUp(1.0, SqrtDown(double(L.head_dim_qk))));
+  double sum = 0, max_head = 0;
+  for (int h = 0; h < L.heads; ++h) {
+    const IntervalMatrix vq = Mul(Eigen::MatrixXd(L.wv_head(h)), Eigen::MatrixXd(L.wq_head(h).transpose()));
+    const double q = NormInf(Eigen::MatrixXd(L.wq_head(h))).value();
+    const double ovq = NormInfUpper(Mul(Eigen::MatrixXd(L.wo_head(h)), vq)).value();
+    sum = AddUp(sum, MulUp(ovq, q));
+    max_head = std::max(max_head, MulUp(NormInfUpper(vq).value(), q));
+  }
+  const double heads = std::min(sum, MulUp(NormInf(L.wo).value(), max_head));
+  return UpperBound(MulUp(factor, heads));
+}
+
 }  // namespace
 
 std::vector<ClosedFormBound> ClosedFormBounds(const AttentionLayer& L, const InputSet& set, NormKind norm) {
   std::vector<ClosedFormBound> out;
-  if (norm != NormKind::kL2 || L.causal) return out;
+  if (L.causal) return out;
+  if (norm == NormKind::kLinf) {
+    // The sublayer would need sup ||J_LN||_inf over the set; only bare L2 attention here.
+    if (L.kind == AttentionKind::kL2 && !L.layer_norm) out.push_back({"closed_form/kim_inf", KimInf(L, set.tokens())});
+    return out;
+  }
+  if (norm != NormKind::kL2) return out;
   double ell = 1;
   const TokenCover z = MhaInputCover(L, CoverOf(set), &ell);
   auto wrap = [&](UpperBound mha) {

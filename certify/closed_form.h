@@ -10,6 +10,12 @@
 //       The value path X A_h Wv_h^T carries A_h = Wq_h^T Wq_h / sqrt(dk), hence ||Wq_h||^4:
 //       with ||Wq_h||^2 as transcribed in the notes the bound fails already at N = 1
 //       (J = Wo Wv A), which the soundness test caught. Norm 2, no mask.
+//   closed_form/kim_inf  the same paper's l_inf bound, for L2 attention without LayerNorm:
+//       Lip_inf <= (4 W0((N-1)/e) + 1/sqrt(dk)) ||Wo||_inf max_h ||Wq_h||_1 ||Wq_h||_inf max_h ||Wv_h||_inf
+//       (nn.Linear convention; the paper's W^Q = Wq^T). Computed in a form never above it:
+//       with y = Z Wq_h^T / dk^(1/4) the head is (I (x) Wo_h Wv_h Wq_h^T / dk^(1/4)) g(y), g the
+//       unit-weight L2 attention on dk dimensions, ||J_g||_inf <= 1 + 4 sqrt(dk) W0((N-1)/e)
+//       (docs/engines.md), and the heads combine by a sum or through ||Wo||_inf and a max.
 // With the sublayer X + MHA(LN(X)) both become 1 + ell * bound, ell >= sup ||J_LN|| over
 // the set, and R is the largest token norm of LN(X) over the set.
 #pragma once
@@ -24,7 +30,7 @@
 namespace lipcert {
 
 struct ClosedFormBound {
-  std::string name;   // "closed_form/castin", "closed_form/kim"
+  std::string name;   // "closed_form/castin", "closed_form/kim", "closed_form/kim_inf"
   UpperBound upper{kInf};
 };
 

@@ -1,0 +1,62 @@
+// The certified centre norm ||J(X0)||_2 of one checkpoint layer at one centre, with its
+// method, time and the floating estimate (docs/engines.md, "Centre norm").
+//
+//   build/bench/centre_norm_bench MODEL LAYER CENTRE [--preset P] [--pre-ln] [--dense-limit N]
+//                                 [--block-tokens G] [--block-limit M] [--threads T]
+//
+// MODEL and CENTRE as for `lipcert certify` (--model, --center); LayerNorm is dropped unless
+// --pre-ln (BERT layers load as attention alone). Prints one line:
+//   bound=<certified> estimate=<floating sigma_1> method=<dense|super_block> groups=<G> seconds=<s>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <string>
+
+#include "certify/centre_norm.h"
+#include "models/centre.h"
+#include "models/loader.h"
+
+int main(int argc, char** argv) {
+  using namespace lipcert;
+  if (argc < 4) {
+    std::fprintf(stderr, "usage: %s MODEL LAYER CENTRE [--preset P] [--pre-ln] [--dense-limit N] "
+                         "[--block-tokens G] [--block-limit M] [--threads T]\n", argv[0]);
+    return 2;
+  }
+  try {
+    LoadOptions lo;
+    lo.preset = "bert";
+    lo.layer = std::atoi(argv[2]);
+    CentreNormOptions o;
+    bool pre_ln = false;
+    for (int i = 4; i < argc; ++i) {
+      const std::string a = argv[i];
+      auto next = [&]() -> std::string {
+        if (i + 1 >= argc) throw std::invalid_argument(a + ": missing value");
+        return argv[++i];
+      };
+      if (a == "--preset") lo.preset = next();
+      else if (a == "--pre-ln") pre_ln = true;
+      else if (a == "--dense-limit") o.dense_limit = std::atol(next().c_str());
+      else if (a == "--block-tokens") o.block_tokens = std::atoi(next().c_str());
+      else if (a == "--block-limit") o.block_limit = std::atol(next().c_str());
+      else if (a == "--threads") o.threads = std::atoi(next().c_str());
+      else throw std::invalid_argument("unknown option " + a);
+    }
+    LoadedModel m = LoadModel(argv[1], lo);
+    AttentionLayer L = m.layers.at(0);
+    if (!pre_ln) L.layer_norm.reset();
+    const Eigen::MatrixXd x0 = LoadCentre(argv[3], 0, L.d_model);
+    CentreNormReport rep;
+    const UpperBound b = CentreJacobianNormUpperBound(L, x0, o, &rep);
+    std::printf("N=%d D=%d H=%d bound=%.10g estimate=%.10g method=%s groups=%d group_tokens=%d frobenius=%d "
+                "seconds=%.2f model_seconds=%.2f\n",
+                int(x0.rows()), L.d_model, L.heads, b.value(), rep.estimate, rep.method.c_str(), rep.groups,
+                rep.group_tokens, int(rep.frobenius_blocks), rep.seconds,
+                CentreNormSecondsEstimate(L, int(x0.rows()), o));
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "centre_norm_bench: %s\n", e.what());
+    return 2;
+  }
+}

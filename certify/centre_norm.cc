@@ -1,0 +1,502 @@
+#include "certify/centre_norm.h"
+
+#include <Eigen/Cholesky>
+#include <Eigen/Eigenvalues>
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <stdexcept>
+#include <vector>
+
+#include "certify/layer_norm_enclosure.h"
+#include "interval/norms.h"
+#include "interval/parallel.h"
+#include "interval/softmax.h"
+
+namespace lipcert {
+
+std::string CentreNormOptions::IsValid() const {
+  if (dense_limit < 0) return "dense_limit: must be >= 0";
+  if (block_tokens < 0) return "block_tokens: must be >= 0";
+  if (block_limit < 1) return "block_limit: must be >= 1";
+  if (threads < 0) return "threads: must be >= 0";
+  return "";
+}
+
+namespace {
+
+// ---------------------------------------------------------------------------------------
+// Small rigorous helpers on midpoint-radius matrices.
+// ---------------------------------------------------------------------------------------
+
+IntervalMatrix FromIntervals(const std::vector<Interval>& v, Eigen::Index rows, Eigen::Index cols) {
+  Eigen::MatrixXd lo(rows, cols), hi(rows, cols);
+  for (Eigen::Index r = 0; r < rows; ++r)
+    for (Eigen::Index c = 0; c < cols; ++c) {
+      lo(r, c) = v[r * cols + c].lo;
+      hi(r, c) = v[r * cols + c].hi;
+    }
+  return IntervalMatrix::FromBounds(lo, hi);
+}
+
+// x with column a multiplied by c_a (entrywise interval products).
+IntervalMatrix ScaleColumns(const IntervalMatrix& x, const std::vector<Interval>& c) {
+  Eigen::MatrixXd lo(x.rows(), x.cols()), hi(x.rows(), x.cols());
+  for (Eigen::Index a = 0; a < x.cols(); ++a)
+    for (Eigen::Index r = 0; r < x.rows(); ++r) {
+      const Interval v = x(r, a) * c[a];
+      lo(r, a) = v.lo;
+      hi(r, a) = v.hi;
+    }
+  return IntervalMatrix::FromBounds(lo, hi);
+}
+
+// Rows k of x multiplied by p_k.
+IntervalMatrix ScaleRows(const IntervalMatrix& x, const std::vector<Interval>& p) {
+  Eigen::MatrixXd lo(x.rows(), x.cols()), hi(x.rows(), x.cols());
+  for (Eigen::Index a = 0; a < x.cols(); ++a)
+    for (Eigen::Index r = 0; r < x.rows(); ++r) {
+      const Interval v = x(r, a) * p[r];
+      lo(r, a) = v.lo;
+      hi(r, a) = v.hi;
+    }
+  return IntervalMatrix::FromBounds(lo, hi);
+}
+
+IntervalMatrix ReplicateRow(const IntervalMatrix& m, Eigen::Index r, Eigen::Index rows) {
+  return IntervalMatrix(m.mid.row(r).replicate(rows, 1), m.rad.row(r).replicate(rows, 1));
+}
+
+IntervalMatrix RowsOf(const IntervalMatrix& m, Eigen::Index r0, Eigen::Index count) {
+  return IntervalMatrix(m.mid.middleRows(r0, count), m.rad.middleRows(r0, count));
+}
+
+// The LayerNorm Jacobian at one token, J_LN = diag(c) (I - 1 1^T / D - xhat xhat^T / D),
+// c = gamma / sigma, kept in factored form.
+struct LnFactor {
+  std::vector<Interval> c, cx;  // c_a and c_a xhat_a
+  IntervalMatrix ones_d, xhat_d;  // 1 x D rows: 1/D and xhat / D
+};
+
+LnFactor MakeLnFactor(const LayerNormParams& ln, const Eigen::RowVectorXd& x) {
+  const LayerNormRowEnclosure e = EncloseLayerNormRow(ln, x);
+  const Eigen::Index d = x.size();
+  LnFactor f;
+  f.c.resize(d);
+  f.cx.resize(d);
+  std::vector<Interval> ones(d), xh(d);
+  const Interval inv_d = Interval(1.0) / Interval(double(d));
+  for (Eigen::Index a = 0; a < d; ++a) {
+    f.c[a] = Interval(ln.gamma(a)) / e.sigma;
+    f.cx[a] = f.c[a] * e.xhat[a];
+    ones[a] = inv_d;
+    xh[a] = e.xhat[a] * inv_d;
+  }
+  f.ones_d = FromIntervals(ones, 1, d);
+  f.xhat_d = FromIntervals(xh, 1, d);
+  return f;
+}
+
+// x J_LN = x diag(c) - (x c) 1^T / D - (x (c xhat)) xhat^T / D, in O(rows * D).
+IntervalMatrix ApplyLn(const IntervalMatrix& x, const LnFactor& f) {
+  const Eigen::Index d = x.cols();
+  const IntervalMatrix c = FromIntervals(f.c, d, 1), cx = FromIntervals(f.cx, d, 1);
+  return ScaleColumns(x, f.c) - Mul(Mul(x, c), f.ones_d) - Mul(Mul(x, cx), f.xhat_d);
+}
+
+// ---------------------------------------------------------------------------------------
+// The layer at the centre, enclosed.
+// ---------------------------------------------------------------------------------------
+struct HeadCentre {
+  IntervalMatrix p;      // (N, N) probabilities, 0 where masked
+  IntervalMatrix u;      // (N, D) u_j = Wo_h v_j
+  IntervalMatrix ubar;   // (N, D) P u
+  IntervalMatrix g;      // (N, D) dot: Wk^T q_i / sqrt(dk); l2: 2 Wq^T q_i / sqrt(dk)
+  IntervalMatrix bt;     // (N, D) rows of the diagonal term (shifted by a constant row)
+  IntervalMatrix w;      // (D, D) W_h = Wo_h M_h
+};
+
+struct CentreState {
+  int n = 0, d = 0, heads = 0;
+  bool dot = true;
+  bool ln = false;        // compose with the LayerNorm Jacobian
+  bool identity = false;  // add I
+  std::vector<HeadCentre> head;
+  std::vector<LnFactor> ln_factor;  // per token, when ln
+};
+
+CentreState EncloseCentre(const AttentionLayer& L, const Eigen::MatrixXd& x0, const CentreNormOptions& o) {
+  CentreState S;
+  S.n = int(x0.rows());
+  S.d = L.d_model;
+  S.heads = L.heads;
+  S.dot = L.kind == AttentionKind::kDot;
+  S.ln = L.layer_norm.has_value() && !o.mha_only;
+  S.identity = L.layer_norm.has_value() && !o.mha_only && !o.exclude_residual;
+  const int n = S.n, d = S.d;
+  IntervalMatrix z = IntervalMatrix::Point(x0);
+  if (L.layer_norm) {
+    std::vector<Interval> zs(size_t(n) * d);
+    for (int i = 0; i < n; ++i) {
+      const LayerNormRowEnclosure e = EncloseLayerNormRow(*L.layer_norm, x0.row(i));
+      for (int a = 0; a < d; ++a) zs[size_t(i) * d + a] = e.z[a];
+      if (S.ln) S.ln_factor.push_back(MakeLnFactor(*L.layer_norm, x0.row(i)));
+    }
+    z = FromIntervals(zs, n, d);
+  }
+  const Interval inv_sqrt_dk = Interval(1.0) / Sqrt(Interval(double(L.head_dim_qk)));
+  auto bias_rows = [n](const Eigen::VectorXd& b, int off, int len) {
+    return IntervalMatrix::Point(b.segment(off, len).transpose().replicate(n, 1));
+  };
+  S.head.resize(L.heads);
+  ParallelFor(L.heads, WorkerCount(o.threads, L.heads), [&](int h, int) {
+    HeadCentre& H = S.head[h];
+    const int dk = L.head_dim_qk, dv = L.head_dim_v;
+    const Eigen::MatrixXd wq = L.wq_head(h), wk = L.wk_head(h), wv = L.wv_head(h), wo = L.wo_head(h);
+    IntervalMatrix q = Mul(z, Eigen::MatrixXd(wq.transpose()));
+    if (L.bq.size()) q = q + bias_rows(L.bq, h * dk, dk);
+    IntervalMatrix logits, mv;
+    if (S.dot) {
+      IntervalMatrix k = Mul(z, Eigen::MatrixXd(wk.transpose()));
+      if (L.bk.size()) k = k + bias_rows(L.bk, h * dk, dk);
+      logits = Scale(inv_sqrt_dk, Mul(q, k.transpose()));
+      mv = IntervalMatrix::Point(wv);
+      H.g = Scale(inv_sqrt_dk, Mul(q, wk));
+      H.bt = Scale(inv_sqrt_dk, Mul(k, wq));
+    } else {
+      std::vector<Interval> s(size_t(n) * n);
+      for (int i = 0; i < n; ++i)
+        for (int j = 0; j < n; ++j) {
+          Interval acc(0.0);
+          for (int c = 0; c < dk; ++c) acc += Sqr(q(i, c) - q(j, c));
+          s[size_t(i) * n + j] = -(acc * inv_sqrt_dk);
+        }
+      logits = FromIntervals(s, n, n);
+      mv = Scale(inv_sqrt_dk, Mul(Mul(wv, Eigen::MatrixXd(wq.transpose())), IntervalMatrix::Point(wq)));
+      H.g = Scale(Interval(2.0) * inv_sqrt_dk, Mul(q, wq));
+      H.bt = H.g;
+    }
+    // sum_j a_ij = 0, so any constant row may be taken off bt; its mean keeps radii small.
+    const Eigen::RowVectorXd c = H.bt.mid.colwise().mean();
+    H.bt = H.bt - IntervalMatrix::Point(c.replicate(n, 1));
+    const ProbabilityMatrixBounds pb = SoftmaxRowsRange(logits, L.causal);
+    H.p = IntervalMatrix::FromBounds(pb.lo, pb.hi);
+    IntervalMatrix v = Mul(z, mv.transpose());
+    if (L.bv.size()) v = v + bias_rows(L.bv, h * dv, dv);
+    H.u = Mul(v, Eigen::MatrixXd(wo.transpose()));
+    H.ubar = Mul(H.p, H.u);
+    H.w = Mul(wo, mv);
+  });
+  return S;
+}
+
+// ---------------------------------------------------------------------------------------
+// Block accumulation: sum of T interval products per entry, midpoint through plain double,
+// radius bounded as in docs/engines.md ("Centre norm: block accumulation").
+// ---------------------------------------------------------------------------------------
+class BlockAccumulator {
+ public:
+  explicit BlockAccumulator(int d) : mid_(Eigen::MatrixXd::Zero(d, d)), rad_(Eigen::MatrixXd::Zero(d, d)),
+                                     mag_(Eigen::MatrixXd::Zero(d, d)) {}
+  // += p * w for an interval scalar p (midpoint pm, radius pr) and an interval matrix w.
+  void AddScaled(double pm, double pr, const IntervalMatrix& w) {
+    if (pm == 0.0 && pr == 0.0) return;
+    const double apm = std::fabs(pm);
+    mid_.array() += pm * w.mid.array();
+    mag_.array() += apm * w.mid.array().abs();
+    rad_.array() += apm * w.rad.array() + pr * (w.mid.array().abs() + w.rad.array());
+    ++terms_;
+  }
+  // += a r^T for interval vectors a, r (midpoints am, rm; radii ar, rr).
+  void AddOuter(const Eigen::VectorXd& am, const Eigen::VectorXd& ar, const Eigen::VectorXd& rm,
+                const Eigen::VectorXd& rr) {
+    const Eigen::VectorXd aam = am.cwiseAbs(), arm = rm.cwiseAbs();
+    mid_.noalias() += am * rm.transpose();
+    mag_.noalias() += aam * arm.transpose();
+    rad_.noalias() += aam * rr.transpose();
+    rad_.noalias() += ar * (arm + rr).transpose();
+    ++terms_;
+  }
+  // The enclosure: |fl(mid) - exact| <= gamma_T mag + T eta, and rad, mag themselves are
+  // computed sums of nonnegative terms with at most 2T + 4 roundings each, so
+  // exact <= (fl + 4 T eta) / (1 - gamma_{4T+8}).
+  IntervalMatrix Finish() const {
+    const double t = double(std::max(terms_, 1));
+    const double g_t = GammaUp(t);
+    const double shrink = SubDown(1.0, GammaUp(4 * t + 8));
+    const double eta_term = MulUp(8 * t + 8, kEta);
+    Eigen::MatrixXd r(rad_.rows(), rad_.cols());
+    for (Eigen::Index e = 0; e < r.size(); ++e) {
+      const double mag = DivUp(AddUp(mag_.data()[e], eta_term), shrink);
+      const double rad = DivUp(AddUp(rad_.data()[e], eta_term), shrink);
+      r.data()[e] = AddUp(AddUp(rad, MulUp(g_t, mag)), eta_term);
+    }
+    return IntervalMatrix(mid_, std::move(r));
+  }
+
+ private:
+  Eigen::MatrixXd mid_, rad_, mag_;
+  int terms_ = 0;
+};
+
+// The enclosure of rows [r0, r1) x columns [c0, c1) of J (token ranges).
+IntervalMatrix AssembleBlock(const CentreState& S, int r0, int r1, int c0, int c1, int threads) {
+  const int d = S.d, n = S.n, nc = c1 - c0, nr = r1 - r0;
+  // Column caches: W_h L_j and the rows r (times L_j) for every column token.
+  // Without LayerNorm they are the head's own W_h and g (no copies).
+  std::vector<std::vector<IntervalMatrix>> wl_ln, gl_ln;
+  std::vector<std::vector<const IntervalMatrix*>> wl(nc, std::vector<const IntervalMatrix*>(S.heads));
+  std::vector<std::vector<const IntervalMatrix*>> gl(nc, std::vector<const IntervalMatrix*>(S.heads));
+  if (S.ln) {
+    wl_ln.assign(nc, std::vector<IntervalMatrix>(S.heads));
+    gl_ln.assign(nc, std::vector<IntervalMatrix>(S.heads));
+  }
+  ParallelFor(nc * S.heads, WorkerCount(threads, nc * S.heads), [&](int t, int) {
+    const int jj = t / S.heads, h = t % S.heads, j = c0 + jj;
+    const HeadCentre& H = S.head[h];
+    if (S.ln) {
+      wl_ln[jj][h] = ApplyLn(H.w, S.ln_factor[j]);
+      gl_ln[jj][h] = ApplyLn(H.g, S.ln_factor[j]);
+    }
+    wl[jj][h] = S.ln ? &wl_ln[jj][h] : &H.w;
+    gl[jj][h] = S.ln ? &gl_ln[jj][h] : &H.g;
+  });
+  Eigen::MatrixXd mid(nr * d, nc * d), rad(nr * d, nc * d);
+  ParallelFor(nr, WorkerCount(threads, nr), [&](int ii, int) {
+    const int i = r0 + ii;
+    const bool diag = i >= c0 && i < c1;
+    IntervalMatrix e_i = IntervalMatrix::Point(Eigen::MatrixXd::Zero(diag ? d : 0, diag ? d : 0));
+    // a_ij = P_ij (u_j - ubar_i) for the columns (all j for the diagonal term).
+    std::vector<IntervalMatrix> a(S.heads);
+    const int a0 = diag ? 0 : c0, a1 = diag ? n : c1;
+    for (int h = 0; h < S.heads; ++h) {
+      const HeadCentre& H = S.head[h];
+      std::vector<Interval> p(a1 - a0);
+      for (int j = a0; j < a1; ++j) p[j - a0] = H.p(i, j);
+      a[h] = ScaleRows(RowsOf(H.u, a0, a1 - a0) - ReplicateRow(H.ubar, i, a1 - a0), p);
+      if (diag) e_i = e_i + Mul(a[h].transpose(), H.bt);
+    }
+    if (diag && S.ln) e_i = ApplyLn(e_i, S.ln_factor[i]);
+    for (int jj = 0; jj < nc; ++jj) {
+      const int j = c0 + jj;
+      BlockAccumulator acc(d);
+      for (int h = 0; h < S.heads; ++h) {
+        const HeadCentre& H = S.head[h];
+        acc.AddScaled(H.p.mid(i, j), H.p.rad(i, j), *wl[jj][h]);
+        const IntervalMatrix& g = *gl[jj][h];
+        const Eigen::VectorXd am = a[h].mid.row(j - a0).transpose(), ar = a[h].rad.row(j - a0).transpose();
+        if (S.dot) {
+          acc.AddOuter(am, ar, g.mid.row(i).transpose(), g.rad.row(i).transpose());
+        } else if (i != j) {  // r_ij = g_i - g_j (times L_j), enclosed
+          const IntervalMatrix r = RowsOf(g, i, 1) - RowsOf(g, j, 1);
+          acc.AddOuter(am, ar, r.mid.transpose(), r.rad.transpose());
+        }
+      }
+      IntervalMatrix blk = acc.Finish();
+      if (i == j) {
+        blk = blk + e_i;
+        if (S.identity) blk = blk + IntervalMatrix::Point(Eigen::MatrixXd::Identity(d, d));
+      }
+      mid.block(ii * d, jj * d, d, d) = blk.mid;
+      rad.block(ii * d, jj * d, d, d) = blk.rad;
+    }
+  });
+  return IntervalMatrix(std::move(mid), std::move(rad));
+}
+
+// ---------------------------------------------------------------------------------------
+// The dense certificate.
+// ---------------------------------------------------------------------------------------
+
+// fl(m^T m), exactly symmetric (lower triangle mirrored), tiles on `threads` workers.
+Eigen::MatrixXd Gram(const Eigen::MatrixXd& m, int threads) {
+  const Eigen::Index n = m.cols(), tile = 256;
+  const int nt = int((n + tile - 1) / tile);
+  std::vector<std::pair<int, int>> tasks;
+  for (int a = 0; a < nt; ++a)
+    for (int b = 0; b <= a; ++b) tasks.push_back({a, b});
+  Eigen::MatrixXd g(n, n);
+  ParallelFor(int(tasks.size()), WorkerCount(threads, int(tasks.size())), [&](int t, int) {
+    const auto [a, b] = tasks[t];
+    const Eigen::Index ra = std::min(tile, n - a * tile), rb = std::min(tile, n - b * tile);
+    g.block(a * tile, b * tile, ra, rb).noalias() = m.middleCols(a * tile, ra).transpose() * m.middleCols(b * tile, rb);
+  });
+  for (Eigen::Index c = 0; c < n; ++c)
+    for (Eigen::Index r = 0; r < c; ++r) g(r, c) = g(c, r);
+  return g;
+}
+
+// Floating estimate of lambda_max of a symmetric matrix (Lanczos, full reorthogonalisation).
+double LanczosLambdaMax(const Eigen::MatrixXd& g, int max_steps = 120, double tol = 1e-13) {
+  const Eigen::Index n = g.rows();
+  const int k_max = int(std::min<Eigen::Index>(max_steps, n));
+  Eigen::MatrixXd v(n, k_max + 1);
+  Eigen::VectorXd alpha(k_max), beta(k_max + 1);
+  v.col(0) = Eigen::VectorXd::Ones(n) / std::sqrt(double(n));
+  for (Eigen::Index i = 0; i < n; ++i) v(i, 0) *= 1.0 + 0.1 * std::sin(double(i));  // break symmetry
+  v.col(0).normalize();
+  double theta = 0;
+  for (int k = 0; k < k_max; ++k) {
+    Eigen::VectorXd w = g * v.col(k);
+    alpha(k) = v.col(k).dot(w);
+    for (int pass = 0; pass < 2; ++pass) w -= v.leftCols(k + 1) * (v.leftCols(k + 1).transpose() * w);
+    beta(k + 1) = w.norm();
+    Eigen::MatrixXd t = Eigen::MatrixXd::Zero(k + 1, k + 1);
+    for (int i = 0; i <= k; ++i) {
+      t(i, i) = alpha(i);
+      if (i < k) t(i, i + 1) = t(i + 1, i) = beta(i + 1);
+    }
+    Eigen::SelfAdjointEigenSolver<Eigen::MatrixXd> es(t);
+    const Eigen::Index top = k;  // eigenvalues ascending
+    theta = es.eigenvalues()(top);
+    const double resid = std::fabs(beta(k + 1) * es.eigenvectors()(k, top));
+    if (resid <= tol * std::fabs(theta) || beta(k + 1) <= 1e-300) break;
+    v.col(k + 1) = w / beta(k + 1);
+  }
+  return theta;
+}
+
+// Certified lambda_max(m^T m) for a point matrix m (entries of moderate size: see below).
+double GramLambdaMaxUp(const Eigen::MatrixXd& m, int threads, double* estimate) {
+  RequireRoundToNearest();
+  // The smaller Gram matrix; its error |fl(G) - G| <= gamma_k |m|^T |m| <= gamma_k c c^T
+  // (c the column norms, Cauchy-Schwarz) has ||.||_2 <= gamma_k ||m||_F^2, plus k n eta.
+  const bool tall = m.rows() >= m.cols();
+  const Eigen::Index k = tall ? m.rows() : m.cols();
+  const Eigen::Index n = tall ? m.cols() : m.rows();
+  double fro2 = 0;
+  for (Eigen::Index e = 0; e < m.size(); ++e) fro2 = AddUp(fro2, MulUp(m.data()[e], m.data()[e]));
+  if (fro2 == 0) return 0.0;
+  const double gram_err = AddUp(MulUp(GammaUp(double(k)), fro2), MulUp(double(k) * double(n), kEta));
+  Eigen::MatrixXd a = tall ? Gram(m, threads) : Gram(Eigen::MatrixXd(m.transpose()), threads);
+  const double theta = LanczosLambdaMax(a);
+  if (estimate) *estimate = theta;
+  const double diag_max = a.diagonal().maxCoeff();
+  // Cholesky of s I - G succeeds => s I - G + dA + dD >= 0 with |dA| <= gamma_{n+1} |R^T||R|
+  // (Higham Thm 10.3, any summation order, so also Eigen's blocked LLT), hence
+  // lambda_max(G) <= s + gamma_{n+1} ||R||_F^2 + max_i |dD_ii| (rounding of s - G_ii).
+  double tau = std::max(1e-10, 64.0 * double(n) * kUnitRoundoff);
+  for (int attempt = 0; attempt < 12; ++attempt, tau *= 8) {
+    const double s = MulUp(std::max(theta, 0.0), 1.0 + 2 * tau) + tau * diag_max * 1e-3;
+    Eigen::MatrixXd c = -a;
+    double diag_err = 0;
+    for (Eigen::Index i = 0; i < n; ++i) {
+      c(i, i) = s - a(i, i);
+      diag_err = std::max(diag_err, MulUp(kUnitRoundoff, std::fabs(c(i, i))));
+    }
+    Eigen::LLT<Eigen::Ref<Eigen::MatrixXd>, Eigen::Lower> llt(c);
+    if (llt.info() != Eigen::Success) continue;
+    double r2 = 0;
+    bool ok = true;
+    for (Eigen::Index col = 0; col < n && ok; ++col) {
+      if (!(c(col, col) > 0)) ok = false;
+      for (Eigen::Index row = col; row < n; ++row) {
+        const double x = c(row, col);
+        if (!std::isfinite(x)) ok = false;
+        r2 = AddUp(r2, MulUp(x, x));
+      }
+    }
+    if (!ok) continue;
+    const double chol_err = AddUp(MulUp(GammaUp(double(n + 1)), r2), diag_err);
+    return AddUp(AddUp(s, chol_err), gram_err);
+  }
+  return kInf;
+}
+
+}  // namespace
+
+UpperBound NormL2UpperGram(const IntervalMatrix& a, int threads, double* estimate) {
+  if (a.mid.size() == 0) return UpperBound(0.0);
+  const Eigen::MatrixXd& m = a.mid;
+  for (Eigen::Index e = 0; e < m.size(); ++e)
+    if (!std::isfinite(m.data()[e]) || !std::isfinite(a.rad.data()[e])) return UpperBound(kInf);
+  // Scale by 2^-e so that max |m_ij| is in [1, 2) (exact unless entries become subnormal,
+  // which adds at most sqrt(rows cols) eta / 2 to the norm).
+  const double amax = m.cwiseAbs().maxCoeff();
+  UpperBound rad = a.rad.maxCoeff() == 0.0 ? UpperBound(0.0) : NormL2UpperCrude(a.rad);
+  if (amax == 0.0) return rad;
+  const int e = std::ilogb(amax);
+  Eigen::MatrixXd ms(m.rows(), m.cols());
+  bool inexact = false;
+  for (Eigen::Index i = 0; i < m.size(); ++i) {
+    ms.data()[i] = std::ldexp(m.data()[i], -e);
+    inexact |= std::ldexp(ms.data()[i], e) != m.data()[i];
+  }
+  double est = 0;
+  double ns = SqrtUp(std::max(0.0, GramLambdaMaxUp(ms, threads, &est)));
+  if (inexact) ns = AddUp(ns, MulUp(SqrtUp(double(m.rows()) * double(m.cols())), kEta));
+  const double scale = std::ldexp(1.0, e);
+  if (estimate) *estimate = std::sqrt(std::max(est, 0.0)) * scale;
+  const UpperBound mid(std::isfinite(scale) ? MulUp(ns, scale) : kInf);
+  if (rad.value() > 1e-9 * mid.value()) rad = Min(rad, NormL2UpperNonneg(a.rad));
+  return Min(mid + rad, NormL2UpperCrude(a));
+}
+
+namespace {
+
+void CheckInputs(const AttentionLayer& L, const Eigen::MatrixXd& x0, const CentreNormOptions& o) {
+  if (const std::string m = o.IsValid(); !m.empty()) throw std::invalid_argument("CentreNormOptions: " + m);
+  if (x0.cols() != L.d_model || x0.rows() < 1)
+    throw std::invalid_argument("centre norm: x0 must be N x D with N >= 1, D = " + std::to_string(L.d_model));
+}
+
+int GroupTokens(const CentreNormOptions& o, int n, int d) {
+  if (o.block_tokens > 0) return std::min(o.block_tokens, n);
+  return std::clamp(int(o.block_limit / d), 1, n);
+}
+
+}  // namespace
+
+IntervalMatrix CentreJacobianEnclosure(const AttentionLayer& L, const Eigen::MatrixXd& x0, const CentreNormOptions& o) {
+  CheckInputs(L, x0, o);
+  const CentreState S = EncloseCentre(L, x0, o);
+  return AssembleBlock(S, 0, S.n, 0, S.n, o.threads);
+}
+
+UpperBound CentreJacobianNormUpperBound(const AttentionLayer& L, const Eigen::MatrixXd& x0, const CentreNormOptions& o,
+                                        CentreNormReport* report) {
+  CheckInputs(L, x0, o);
+  const auto t0 = std::chrono::steady_clock::now();
+  const CentreState S = EncloseCentre(L, x0, o);
+  const int n = S.n, d = S.d;
+  CentreNormReport rep;
+  UpperBound bound(kInf);
+  if (long(n) * d <= o.dense_limit) {
+    rep.method = "dense";
+    rep.group_tokens = n;
+    bound = NormL2UpperGram(AssembleBlock(S, 0, n, 0, n, o.threads), o.threads, &rep.estimate);
+  } else {
+    // ||J||_2 <= ||B||_2, B_IK >= ||J_IK||_2 (the norm of a block matrix is at most the norm
+    // of the matrix of its block norms).
+    const int g = GroupTokens(o, n, d);
+    const int groups = (n + g - 1) / g;
+    rep.method = "super_block";
+    rep.groups = groups;
+    rep.group_tokens = g;
+    rep.frobenius_blocks = long(g) * d > o.block_limit;
+    Eigen::MatrixXd b(groups, groups);
+    for (int kc = 0; kc < groups; ++kc)
+      for (int ir = 0; ir < groups; ++ir) {
+        const int r0 = ir * g, r1 = std::min(n, r0 + g), c0 = kc * g, c1 = std::min(n, c0 + g);
+        const IntervalMatrix blk = AssembleBlock(S, r0, r1, c0, c1, o.threads);
+        b(ir, kc) = rep.frobenius_blocks ? NormFrobeniusUpper(blk).value() : NormL2UpperGram(blk, o.threads).value();
+      }
+    bound = NormL2UpperNonneg(b);
+  }
+  rep.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (report) *report = rep;
+  return bound;
+}
+
+double CentreNormSecondsEstimate(const AttentionLayer& L, int tokens, const CentreNormOptions& o) {
+  const double n = tokens, d = L.d_model, h = L.heads, nd = n * d;
+  const double assembly = 2.5e-9 * n * n * h * d * d;
+  const double flops = 1.5e10;
+  if (long(tokens) * L.d_model <= o.dense_limit) return assembly + (nd * nd * nd * (0.5 + 1.0 / 3)) / flops;
+  const int g = GroupTokens(o, tokens, L.d_model);
+  const double groups = std::ceil(n / g), m = g * d;
+  if (long(g) * L.d_model > o.block_limit) return assembly;
+  return assembly + groups * groups * m * m * m * (0.5 + 1.0 / 3) / flops;
+}
+
+}  // namespace lipcert

@@ -1,0 +1,92 @@
+// A certified upper bound on ||J(X0)||_2, the Jacobian at the centre of the set, tight
+// (about 1e-8 relative) wherever one dense certificate of all of J fits the budget, and a
+// token-grouped super-block bound above that (docs/engines.md, "Centre norm").
+//
+// J(X0) is enclosed block by block (token i's output against token j's input, D x D):
+//
+//     J_ij = sum_h [ P^h_ij W_h + a^h_ij r^h_ij^T ] L_j  +  delta_ij ( sum_h A_i^h^T Bt^h ) L_i  (+ delta_ij I)
+//
+// with the notation of certify/jacobian_bounds.h (W_h = Wo_h M_h, a_ij = P_ij (u_j - ubar_i);
+// dot: r_ij = Wk_h^T q_i / sqrt(dk), rows of Bt = Wq_h^T k_j / sqrt(dk) - c; l2: r_ij = g_i - g_j,
+// g_i = 2 Wq_h^T q_i / sqrt(dk), Bt = g - c; any constant row c, since sum_j a_ij = 0), L_j the
+// LayerNorm Jacobian at x0_j (identity without LayerNorm), applied in O(D^2) as
+// diag(c) - (rank two). Every quantity is a midpoint-radius enclosure (interval/).
+//
+// The norm of an enclosure [M +- R] is certified as ||M||_2 + ||R||_2: ||M||_2^2 through a
+// floating Gram matrix G = M^T M (two threads), a Lanczos estimate theta of lambda_max(G),
+// and a Cholesky factorisation of s I - G with s = theta (1 + tau), whose success proves
+// lambda_max(M^T M) <= s + (Gram error) + (Cholesky backward error, Higham Thm 10.3).
+//
+// Above dense_limit the tokens are cut into groups of block_tokens; with B_IK a certified
+// bound on the group block ||J_IK||_2 (dense certificate, or the Frobenius norm when
+// block_tokens * D is above block_limit), ||J||_2 <= ||B||_2 (a nonnegative G x G matrix).
+// Measured on all-MiniLM-L6-v2 the per-token (G = N) bound is 1.9 times sigma_1 at N = 8;
+// sigma_2 / sigma_1 = 0.97 there, so deflating the top pair does not make it exact.
+//
+// Cost model (2 cores, unloaded; n = N*D; docs/engines.md has the measured figures):
+//   assembly  ~ 2.5e-9 s * N^2 H D^2    (interval block accumulation)
+//   dense     ~ (n^3 / 2 + n^3 / 3) / 1.5e10 s  + assembly, memory 2 n^2 doubles
+//   grouped   ~ (N/g)^2 (m^3 / 2 + m^3 / 3) / 1.5e10 s with m = g D (exact blocks)
+// CentreNormSecondsEstimate returns this model for the pipeline's scheduling.
+#pragma once
+
+#include <Eigen/Dense>
+#include <string>
+
+#include "interval/interval_matrix.h"
+#include "interval/rounding.h"
+#include "models/attention_layer.h"
+
+namespace lipcert {
+
+struct CentreNormOptions {
+  // Largest N*D certified with one dense certificate of all of J(X0).
+  long dense_limit = 8192;
+  // Above dense_limit: tokens per group (0: the largest with tokens * D <= block_limit).
+  int block_tokens = 0;
+  // Largest group block (rows) certified densely; larger blocks use their Frobenius norm.
+  long block_limit = 3072;
+  // For the sublayer X + g(X): bound ||J_g|| instead (drop the identity).
+  bool exclude_residual = false;
+  // The MHA Jacobian alone at its input z = LN(X0): no LayerNorm factor, no identity.
+  bool mha_only = false;
+  // Worker threads (0: hardware concurrency).
+  int threads = 0;
+
+  // "" when valid, else a message naming the field.
+  std::string IsValid() const;
+};
+
+struct CentreNormReport {
+  std::string method;     // "dense" or "super_block"
+  int groups = 1;         // G (token groups); 1 for dense
+  int group_tokens = 0;   // tokens per group
+  bool frobenius_blocks = false;  // group blocks bounded by their Frobenius norm
+  double estimate = 0;    // floating sigma_1 of the midpoint (Lanczos), dense only; NOT a bound
+  double seconds = 0;
+};
+
+// Certified: ||J(x0)||_2 <= result (J of the layer as configured: attention alone, or the
+// sublayer X + MHA(LN(X)) unless mha_only / exclude_residual). Throws std::invalid_argument
+// for invalid options or a centre whose width is not D.
+UpperBound CentreJacobianNormUpperBound(const AttentionLayer& layer, const Eigen::MatrixXd& x0,
+                                        const CentreNormOptions& opts = {}, CentreNormReport* report = nullptr);
+
+// The enclosure of all of J(x0) ((N D) x (N D), row-major token flattening i*D + a), as the
+// engine assembles it: for tests and small sizes.
+IntervalMatrix CentreJacobianEnclosure(const AttentionLayer& layer, const Eigen::MatrixXd& x0,
+                                       const CentreNormOptions& opts = {});
+
+// Certified ||a||_2 over the enclosure, with the fast dense certificate described above.
+UpperBound NormL2UpperGram(const IntervalMatrix& a, int threads = 0, double* estimate = nullptr);
+
+// The model above, in seconds, for a layer of N tokens under these options.
+double CentreNormSecondsEstimate(const AttentionLayer& layer, int tokens, const CentreNormOptions& opts = {});
+
+// sup over a set of ||J(X)||_2 <= ||J(X0)||_2 + sup ||J(X) - J(X0)||_2: the centre bound above
+// plus a variation bound (e.g. the `delta` of CentredUpperBound in certify/jacobian_bounds.cc).
+inline UpperBound CentredExactUpperBound(UpperBound centre_norm, UpperBound variation) {
+  return centre_norm + variation;
+}
+
+}  // namespace lipcert

@@ -1,0 +1,181 @@
+#include "certify/centre_norm.h"
+
+#include <gtest/gtest.h>
+
+#include <Eigen/SVD>
+#include <cmath>
+#include <random>
+
+#include "certify/jacobian_bounds.h"
+#include "models/random_layer.h"
+#include "tests/certify/test_util.h"
+
+namespace lipcert {
+namespace {
+
+using testing_util::MpMat;
+using testing_util::RandomLayer;
+using testing_util::RandomLayerOptions;
+using testing_util::TestScale;
+using testing_util::ToMp;
+
+Eigen::MatrixXd ToDouble(const MpMat& m) {
+  Eigen::MatrixXd d(m.rows(), m.cols());
+  for (Eigen::Index r = 0; r < m.rows(); ++r)
+    for (Eigen::Index c = 0; c < m.cols(); ++c) d(r, c) = m(r, c).toDouble();
+  return d;
+}
+
+double Sigma1(const Eigen::MatrixXd& j) {
+  return Eigen::BDCSVD<Eigen::MatrixXd>(j).singularValues()(0);
+}
+
+Eigen::MatrixXd RandomCentre(std::mt19937_64& rng, int n, int d, double scale) {
+  std::normal_distribution<double> gauss(0.0, 1.0);
+  Eigen::MatrixXd x(n, d);
+  for (int i = 0; i < n; ++i)
+    for (int a = 0; a < d; ++a) x(i, a) = scale * gauss(rng);
+  return x;
+}
+
+// The dense Jacobian of the configuration the options describe, in MPFR.
+MpMat ReferenceJacobian(const AttentionLayer& L, const Eigen::MatrixXd& x0, const CentreNormOptions& o) {
+  if (o.mha_only && L.layer_norm) {
+    AttentionLayer bare = L;
+    bare.layer_norm.reset();
+    detail::LayerNormState<mpfr::mpreal> st;
+    const MpMat z = detail::LayerNormForward(*L.layer_norm, ToMp(x0), &st);
+    return DenseJacobian<mpfr::mpreal>(bare, z);
+  }
+  MpMat j = DenseJacobian<mpfr::mpreal>(L, ToMp(x0));
+  if (o.exclude_residual && L.layer_norm)
+    for (Eigen::Index i = 0; i < j.rows(); ++i) j(i, i) -= 1;
+  return j;
+}
+
+// Every entry of the MPFR Jacobian lies in the engine's enclosure (up to the last rounding
+// of the MPFR value to double), for every kind, mask, bias and LayerNorm configuration.
+TEST(CentreNormTest, EnclosureContainsTheMpfrJacobian) {
+  mpfr::mpreal::set_default_prec(200);
+  std::mt19937_64 rng(1402);
+  const int cases = int(120 * TestScale());
+  long entries = 0;
+  int with_ln = 0, l2 = 0;
+  for (int t = 0; t < cases; ++t) {
+    RandomLayerOptions lo;
+    lo.max_tokens = 4;
+    const AttentionLayer L = RandomLayer(rng, lo);
+    const int n = 1 + int(rng() % 4);
+    const Eigen::MatrixXd x0 = RandomCentre(rng, n, L.d_model, 1.5);
+    CentreNormOptions o;
+    o.mha_only = rng() % 4 == 0;
+    o.exclude_residual = rng() % 4 == 0;
+    const IntervalMatrix enc = CentreJacobianEnclosure(L, x0, o);
+    const Eigen::MatrixXd ref = ToDouble(ReferenceJacobian(L, x0, o));
+    ASSERT_EQ(enc.rows(), ref.rows());
+    for (Eigen::Index e = 0; e < ref.size(); ++e) {
+      const double slack = 2 * std::numeric_limits<double>::epsilon() * std::fabs(ref.data()[e]) + 1e-300;
+      ASSERT_LE(std::fabs(ref.data()[e] - enc.mid.data()[e]), enc.rad.data()[e] + slack) << "case " << t;
+      ++entries;
+    }
+    EXPECT_LE(enc.rad.maxCoeff(), 1e-10 * (1 + ref.cwiseAbs().maxCoeff())) << "case " << t;
+    with_ln += L.layer_norm.has_value();
+    l2 += L.kind == AttentionKind::kL2;
+  }
+  EXPECT_GT(entries, 10 * cases);
+  EXPECT_GT(with_ln, cases / 10);
+  EXPECT_GT(l2, cases / 10);
+}
+
+// The certified centre norm is above sigma_1 of the MPFR Jacobian and within 1e-6 of it;
+// the super-block bound (every grouping) is above the dense one.
+TEST(CentreNormTest, DenseBoundIsExactAndSuperBlocksDominateIt) {
+  mpfr::mpreal::set_default_prec(128);
+  std::mt19937_64 rng(1403);
+  const int cases = int(60 * TestScale());
+  int checked = 0, grouped = 0;
+  double worst = 0;
+  for (int t = 0; t < cases; ++t) {
+    RandomLayerOptions lo;
+    lo.max_width = 5;
+    lo.max_heads = 3;
+    const AttentionLayer L = RandomLayer(rng, lo);
+    const int n = 1 + int(rng() % 5);
+    const Eigen::MatrixXd x0 = RandomCentre(rng, n, L.d_model, 1.0);
+    CentreNormOptions o;
+    o.mha_only = rng() % 4 == 0;
+    const double sigma = Sigma1(ToDouble(ReferenceJacobian(L, x0, o)));
+    CentreNormReport rep;
+    const double dense = CentreJacobianNormUpperBound(L, x0, o, &rep).value();
+    EXPECT_EQ(rep.method, "dense");
+    EXPECT_GE(dense, sigma * (1 - 1e-14)) << "case " << t;  // the double SVD's own error
+    EXPECT_LE(dense, sigma * (1 + 1e-6) + 1e-12) << "case " << t;
+    worst = std::max(worst, dense / sigma - 1);
+    ++checked;
+    for (int g = 1; g < n; ++g) {
+      CentreNormOptions og = o;
+      og.dense_limit = 0;
+      og.block_tokens = g;
+      const double sb = CentreJacobianNormUpperBound(L, x0, og, &rep).value();
+      EXPECT_EQ(rep.method, "super_block");
+      EXPECT_GE(sb, dense * (1 - 1e-9)) << "case " << t << " g " << g;
+      ++grouped;
+    }
+  }
+  EXPECT_EQ(checked, cases);
+  EXPECT_GT(grouped, cases / 2);
+  RecordProperty("worst_relative_excess", std::to_string(worst));
+}
+
+// Larger size classes (N*D from 256 to 1536 at the default scale), against the double
+// dense Jacobian of models/forward.h: sigma_1 <= bound <= sigma_1 (1 + 1e-6), and the
+// per-token and grouped bounds above it.
+TEST(CentreNormTest, ExactAtLargerSizesAgainstTheDenseReference) {
+  auto spec = [](AttentionKind kind, bool ln, int d, int heads) {
+    RandomLayerSpec s;
+    s.kind = kind;
+    s.layer_norm = ln;
+    s.biases = true;
+    s.d = d;
+    s.heads = heads;
+    s.dk = d / heads;
+    return s;
+  };
+  const RandomLayerSpec sizes[] = {spec(AttentionKind::kDot, true, 64, 4), spec(AttentionKind::kL2, false, 96, 4),
+                                   spec(AttentionKind::kDot, false, 96, 6)};
+  const int classes = TestScale() >= 2 ? 3 : 2;
+  int checked = 0;
+  std::mt19937_64 rng(1404);
+  for (int c = 0; c < classes; ++c) {
+    for (int n : {4, 16}) {
+      const AttentionLayer L = RandomAttentionLayer(sizes[c], rng);
+      const Eigen::MatrixXd x0 = RandomCentre(rng, n, L.d_model, 1.0);
+      const double sigma = Sigma1(DenseJacobian<double>(L, x0));
+      CentreNormReport rep;
+      const double dense = CentreJacobianNormUpperBound(L, x0, {}, &rep).value();
+      EXPECT_GE(dense, sigma * (1 - 1e-12)) << "class " << c << " N " << n;
+      EXPECT_LE(dense, sigma * (1 + 1e-6)) << "class " << c << " N " << n;
+      CentreNormOptions og;
+      og.dense_limit = 0;
+      og.block_tokens = 2;
+      const double sb = CentreJacobianNormUpperBound(L, x0, og).value();
+      EXPECT_GE(sb, dense * (1 - 1e-9));
+      ++checked;
+    }
+  }
+  EXPECT_EQ(checked, 2 * classes);
+}
+
+TEST(CentreNormTest, InvalidOptionsAndShapesAreRefused) {
+  CentreNormOptions o;
+  EXPECT_EQ(o.IsValid(), "");
+  o.block_limit = 0;
+  EXPECT_NE(o.IsValid().find("block_limit"), std::string::npos);
+  std::mt19937_64 rng(1);
+  const AttentionLayer L = RandomLayer(rng);
+  EXPECT_THROW(CentreJacobianNormUpperBound(L, Eigen::MatrixXd::Zero(2, L.d_model + 1)), std::invalid_argument);
+  EXPECT_THROW(CentreJacobianNormUpperBound(L, Eigen::MatrixXd::Zero(2, L.d_model), o), std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace lipcert
