@@ -309,7 +309,10 @@ IntervalMatrix AssembleBlock(const CentreState& S, int r0, int r1, int c0, int c
 // ---------------------------------------------------------------------------------------
 
 // fl(m^T m), exactly symmetric (lower triangle mirrored), tiles on `threads` workers.
-Eigen::MatrixXd Gram(const Eigen::MatrixXd& m, int threads) {
+using Deadline = std::chrono::steady_clock::time_point;
+bool Past(Deadline d) { return std::chrono::steady_clock::now() >= d; }
+
+Eigen::MatrixXd Gram(const Eigen::MatrixXd& m, int threads, Deadline deadline) {
   const Eigen::Index n = m.cols(), tile = 256;
   const int nt = int((n + tile - 1) / tile);
   std::vector<std::pair<int, int>> tasks;
@@ -318,6 +321,7 @@ Eigen::MatrixXd Gram(const Eigen::MatrixXd& m, int threads) {
   Eigen::MatrixXd g(n, n);
   ParallelFor(int(tasks.size()), WorkerCount(threads, int(tasks.size())), [&](int t, int) {
     const auto [a, b] = tasks[t];
+    if (Past(deadline)) return;  // the caller checks the deadline again and discards g
     const Eigen::Index ra = std::min(tile, n - a * tile), rb = std::min(tile, n - b * tile);
     g.block(a * tile, b * tile, ra, rb).noalias() = m.middleCols(a * tile, ra).transpose() * m.middleCols(b * tile, rb);
   });
@@ -357,7 +361,7 @@ double LanczosLambdaMax(const Eigen::MatrixXd& g, int max_steps = 120, double to
 }
 
 // Certified lambda_max(m^T m) for a point matrix m (entries of moderate size: see below).
-double GramLambdaMaxUp(const Eigen::MatrixXd& m, int threads, double* estimate) {
+double GramLambdaMaxUp(const Eigen::MatrixXd& m, int threads, double* estimate, Deadline deadline) {
   RequireRoundToNearest();
   // The smaller Gram matrix; its error |fl(G) - G| <= gamma_k |m|^T |m| <= gamma_k c c^T
   // (c the column norms, Cauchy-Schwarz) has ||.||_2 <= gamma_k ||m||_F^2, plus k n eta.
@@ -368,7 +372,8 @@ double GramLambdaMaxUp(const Eigen::MatrixXd& m, int threads, double* estimate) 
   for (Eigen::Index e = 0; e < m.size(); ++e) fro2 = AddUp(fro2, MulUp(m.data()[e], m.data()[e]));
   if (fro2 == 0) return 0.0;
   const double gram_err = AddUp(MulUp(GammaUp(double(k)), fro2), MulUp(double(k) * double(n), kEta));
-  Eigen::MatrixXd a = tall ? Gram(m, threads) : Gram(Eigen::MatrixXd(m.transpose()), threads);
+  Eigen::MatrixXd a = tall ? Gram(m, threads, deadline) : Gram(Eigen::MatrixXd(m.transpose()), threads, deadline);
+  if (Past(deadline)) return kInf;
   const double theta = LanczosLambdaMax(a);
   if (estimate) *estimate = theta;
   const double diag_max = a.diagonal().maxCoeff();
@@ -377,6 +382,7 @@ double GramLambdaMaxUp(const Eigen::MatrixXd& m, int threads, double* estimate) 
   // lambda_max(G) <= s + gamma_{n+1} ||R||_F^2 + max_i |dD_ii| (rounding of s - G_ii).
   double tau = std::max(1e-10, 64.0 * double(n) * kUnitRoundoff);
   for (int attempt = 0; attempt < 12; ++attempt, tau *= 8) {
+    if (Past(deadline)) return kInf;
     const double s = MulUp(std::max(theta, 0.0), 1.0 + 2 * tau) + tau * diag_max * 1e-3;
     Eigen::MatrixXd c = -a;
     double diag_err = 0;
@@ -405,7 +411,7 @@ double GramLambdaMaxUp(const Eigen::MatrixXd& m, int threads, double* estimate) 
 
 }  // namespace
 
-UpperBound NormL2UpperGram(const IntervalMatrix& a, int threads, double* estimate) {
+UpperBound NormL2UpperGram(const IntervalMatrix& a, int threads, double* estimate, Deadline deadline) {
   if (a.mid.size() == 0) return UpperBound(0.0);
   const Eigen::MatrixXd& m = a.mid;
   for (Eigen::Index e = 0; e < m.size(); ++e)
@@ -423,7 +429,7 @@ UpperBound NormL2UpperGram(const IntervalMatrix& a, int threads, double* estimat
     inexact |= std::ldexp(ms.data()[i], e) != m.data()[i];
   }
   double est = 0;
-  double ns = SqrtUp(std::max(0.0, GramLambdaMaxUp(ms, threads, &est)));
+  double ns = SqrtUp(std::max(0.0, GramLambdaMaxUp(ms, threads, &est, deadline)));
   if (inexact) ns = AddUp(ns, MulUp(SqrtUp(double(m.rows()) * double(m.cols())), kEta));
   const double scale = std::ldexp(1.0, e);
   if (estimate) *estimate = std::sqrt(std::max(est, 0.0)) * scale;
@@ -461,10 +467,12 @@ UpperBound CentreJacobianNormUpperBound(const AttentionLayer& L, const Eigen::Ma
   const int n = S.n, d = S.d;
   CentreNormReport rep;
   UpperBound bound(kInf);
-  if (long(n) * d <= o.dense_limit) {
+  if (Past(o.deadline)) {
+    rep.timed_out = true;
+  } else if (long(n) * d <= o.dense_limit) {
     rep.method = "dense";
     rep.group_tokens = n;
-    bound = NormL2UpperGram(AssembleBlock(S, 0, n, 0, n, o.threads), o.threads, &rep.estimate);
+    bound = NormL2UpperGram(AssembleBlock(S, 0, n, 0, n, o.threads), o.threads, &rep.estimate, o.deadline);
   } else {
     // ||J||_2 <= ||B||_2, B_IK >= ||J_IK||_2 (the norm of a block matrix is at most the norm
     // of the matrix of its block norms).
@@ -475,14 +483,21 @@ UpperBound CentreJacobianNormUpperBound(const AttentionLayer& L, const Eigen::Ma
     rep.group_tokens = g;
     rep.frobenius_blocks = long(g) * d > o.block_limit;
     Eigen::MatrixXd b(groups, groups);
-    for (int kc = 0; kc < groups; ++kc)
+    for (int kc = 0; kc < groups && !rep.timed_out; ++kc)
       for (int ir = 0; ir < groups; ++ir) {
+        if (Past(o.deadline)) {
+          rep.timed_out = true;
+          break;
+        }
         const int r0 = ir * g, r1 = std::min(n, r0 + g), c0 = kc * g, c1 = std::min(n, c0 + g);
         const IntervalMatrix blk = AssembleBlock(S, r0, r1, c0, c1, o.threads);
-        b(ir, kc) = rep.frobenius_blocks ? NormFrobeniusUpper(blk).value() : NormL2UpperGram(blk, o.threads).value();
+        b(ir, kc) = rep.frobenius_blocks ? NormFrobeniusUpper(blk).value() : NormL2UpperGram(blk, o.threads, nullptr, o.deadline).value();
       }
-    bound = NormL2UpperNonneg(b);
+    if (!rep.timed_out) bound = NormL2UpperNonneg(b);
   }
+  // A deadline that passed inside a Gram or Cholesky step shows as +inf there.
+  if (Past(o.deadline) && !std::isfinite(bound.value())) rep.timed_out = true;
+  if (rep.timed_out) bound = UpperBound(kInf);
   rep.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (report) *report = rep;
   return bound;

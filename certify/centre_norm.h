@@ -31,6 +31,7 @@
 #pragma once
 
 #include <Eigen/Dense>
+#include <chrono>
 #include <string>
 
 #include "interval/interval_matrix.h"
@@ -52,6 +53,10 @@ struct CentreNormOptions {
   bool mha_only = false;
   // Worker threads (0: hardware concurrency).
   int threads = 0;
+  // Checked between blocks, Gram tiles and Cholesky attempts: once it has passed the
+  // result is +inf (report->timed_out), never a partial number. One Cholesky of the
+  // largest dense block is not interrupted: callers size dense_limit to their time.
+  std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max();
 
   // "" when valid, else a message naming the field.
   std::string IsValid() const;
@@ -64,6 +69,7 @@ struct CentreNormReport {
   bool frobenius_blocks = false;  // group blocks bounded by their Frobenius norm
   double estimate = 0;    // floating sigma_1 of the midpoint (Lanczos), dense only; NOT a bound
   double seconds = 0;
+  bool timed_out = false; // the deadline passed: the bound is +inf
 };
 
 // Certified: ||J(x0)||_2 <= result (J of the layer as configured: attention alone, or the
@@ -78,7 +84,9 @@ IntervalMatrix CentreJacobianEnclosure(const AttentionLayer& layer, const Eigen:
                                        const CentreNormOptions& opts = {});
 
 // Certified ||a||_2 over the enclosure, with the fast dense certificate described above.
-UpperBound NormL2UpperGram(const IntervalMatrix& a, int threads = 0, double* estimate = nullptr);
+// +inf once `deadline` has passed (checked between Gram tiles and Cholesky attempts).
+UpperBound NormL2UpperGram(const IntervalMatrix& a, int threads = 0, double* estimate = nullptr,
+                           std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max());
 
 // The model above, in seconds, for a layer of N tokens under these options.
 double CentreNormSecondsEstimate(const AttentionLayer& layer, int tokens, const CentreNormOptions& opts = {});

@@ -4,6 +4,7 @@
 #include <stdexcept>
 #include <vector>
 
+#include "certify/centre_norm.h"
 #include "certify/dense_jacobian.h"
 #include "certify/head_factors.h"
 #include "certify/layer_norm_cover.h"
@@ -42,25 +43,14 @@ double CentredEngineSecondsEstimate(const AttentionLayer& layer, int tokens, dou
   return CentredEngineCostEstimate(layer, tokens) / flops_per_second;
 }
 
-EngineBound CentredBound(const AttentionLayer& L, const TokenCover& cover, const BoundOptions& opts) {
-  const int n = int(cover.center.rows()), d = int(cover.center.cols());
-  const std::string refusal = CentredEngineRefusal(L, n, opts);
-  if (!refusal.empty()) throw std::invalid_argument("centred engine: " + refusal);
-  if (DeadlinePassed(opts)) return TimedOutBound(kEngine);
-  if (opts.deadline != std::chrono::steady_clock::time_point::max()) {
-    const double left = std::chrono::duration<double>(opts.deadline - std::chrono::steady_clock::now()).count();
-    const double predicted = CentredEngineSecondsEstimate(L, n);
-    if (predicted > left) {
-      EngineBound out = TimedOutBound(kEngine);
-      out.note = "centred: predicted " + std::to_string(predicted) + " s, above the " + std::to_string(left) +
-                 " s left before the deadline (not started)";
-      return out;
-    }
-  }
+CentredVariation CentredVariationBound(const AttentionLayer& L, const TokenCover& cover, const BoundOptions& opts) {
+  const int n = int(cover.center.rows());
+  CentredVariation v;
   const NormKind p = NormKind::kL2;
-  const MhaInput in = MhaInputOver(L, cover, p);
-  std::vector<HeadGeometry> geo;
-  std::vector<FactorBounds> centre;
+  v.in = MhaInputOver(L, cover, p);
+  const MhaInput& in = v.in;
+  std::vector<HeadGeometry>& geo = v.geo;
+  std::vector<FactorBounds>& centre = v.centre;
   const Eigen::VectorXd zero = Eigen::VectorXd::Zero(n);
   // sup ||J_M(z) - J_M(zc)|| <= kron + ||rd||, with rd the N x N block bounds.
   double kron = 0;
@@ -69,7 +59,7 @@ EngineBound CentredBound(const AttentionLayer& L, const TokenCover& cover, const
   // dP and P0 on the simplex (see SimplexWeightedSumUp).
   Eigen::VectorXd row_sum = Eigen::VectorXd::Zero(n);
   for (int h = 0; h < L.heads; ++h) {
-    if (DeadlinePassed(opts)) return TimedOutBound(kEngine);
+    if (DeadlinePassed(opts)) return v;
     geo.push_back(HeadGeometryAt(L, h, in.zc, p));
     const HeadGeometry& G = geo.back();
     const FactorBounds F = HeadFactorBounds(G, in.rho_z, in.joint_z, L.causal);
@@ -82,7 +72,7 @@ EngineBound CentredBound(const AttentionLayer& L, const TokenCover& cover, const
         w(i, j) = std::max({SubUp(F.p_hi(i, j), F0.p_lo(i, j)), SubUp(F0.p_hi(i, j), F.p_lo(i, j)), 0.0});
     kron = AddUp(kron, MulUp(NonnegNormUp(w, PrimalNorm(p)), G.w_norm));
     for (int i = 0; i < n; ++i) {
-      if (DeadlinePassed(opts)) return TimedOutBound(kEngine);
+      if (DeadlinePassed(opts)) return v;
       const int len = L.causal ? i + 1 : n;
       const double rho_max = in.rho_z.head(len).maxCoeff();
       // sum_k |P_ik - P0_ik| c_k <= the greedy sum with caps w_ik and total 2.
@@ -139,9 +129,44 @@ EngineBound CentredBound(const AttentionLayer& L, const TokenCover& cover, const
   const double split = AddUp(value_path, logit_path);
   const double joint = ScaledNonnegNormUp(all, in.ell, PrimalNorm(p));
   const double variation = std::min({split, joint, schur});
+  v.route = variation == split ? "variation sup ||J(X) - J(X0)|| (value path + logit path)"
+            : variation == joint ? "variation sup ||J(X) - J(X0)|| (joint block-bound norm)"
+                                 : "variation sup ||J(X) - J(X0)|| (row and column sums)";
+  v.variation = UpperBound(variation);
+  v.alternatives = {
+      {"variation, value path ||dP (x) W|| x LayerNorm factor max_j ell_j", UpperBound(value_path)},
+      {"variation, logit path and diagonal E_i: ||R diag(ell)||", UpperBound(logit_path)},
+      {"variation, value path + logit path", UpperBound(split)},
+      {"variation, joint block-bound norm", UpperBound(joint)},
+      {"variation, row and column sums", UpperBound(schur)},
+      {"LayerNorm factor max_j ell_j", UpperBound(ell_max)},
+  };
+  v.complete = true;
+  return v;
+}
+
+EngineBound CentredBound(const AttentionLayer& L, const TokenCover& cover, const BoundOptions& opts) {
+  const int n = int(cover.center.rows()), d = int(cover.center.cols());
+  const std::string refusal = CentredEngineRefusal(L, n, opts);
+  if (!refusal.empty()) throw std::invalid_argument("centred engine: " + refusal);
+  if (DeadlinePassed(opts)) return TimedOutBound(kEngine);
+  if (opts.deadline != std::chrono::steady_clock::time_point::max()) {
+    const double left = std::chrono::duration<double>(opts.deadline - std::chrono::steady_clock::now()).count();
+    const double predicted = CentredEngineSecondsEstimate(L, n);
+    if (predicted > left) {
+      EngineBound out = TimedOutBound(kEngine);
+      out.note = "centred: predicted " + std::to_string(predicted) + " s, above the " + std::to_string(left) +
+                 " s left before the deadline (not started)";
+      return out;
+    }
+  }
+  const CentredVariation v = CentredVariationBound(L, cover, opts);
+  if (!v.complete) return TimedOutBound(kEngine);
+  const MhaInput& in = v.in;
+  const double variation = v.variation.value();
   double delta = variation;
   bool timed_out = false;
-  const IntervalMatrix jm = DenseMhaJacobian(L, geo, opts.threads, centre, n, d, opts.deadline, &timed_out);
+  const IntervalMatrix jm = DenseMhaJacobian(L, v.geo, opts.threads, v.centre, n, d, opts.deadline, &timed_out);
   if (timed_out) return TimedOutBound(kEngine);
   IntervalMatrix j0 = jm;
   double ln_variation = 0;
@@ -159,25 +184,87 @@ EngineBound CentredBound(const AttentionLayer& L, const TokenCover& cover, const
   out.upper = UpperBound(AddUp(centre_norm, delta));
   // upper = centre_norm + (variation + ln_variation), added in this order.
   out.terms.push_back({"centre norm ||J(X0)||", UpperBound(centre_norm)});
-  const char* route = variation == split ? "variation sup ||J(X) - J(X0)|| (value path + logit path)"
-                      : variation == joint ? "variation sup ||J(X) - J(X0)|| (joint block-bound norm)"
-                                           : "variation sup ||J(X) - J(X0)|| (row and column sums)";
-  out.terms.push_back({route, UpperBound(variation)});
+  out.terms.push_back({v.route, v.variation});
   if (in.residual)
     out.terms.push_back({"LayerNorm variation ||J_M(zc)|| max_j ||J_LN(x_j) - J_LN(x0_j)||", UpperBound(ln_variation)});
-  out.alternatives = {
-      {"variation, value path ||dP (x) W|| x LayerNorm factor max_j ell_j", UpperBound(value_path)},
-      {"variation, logit path and diagonal E_i: ||R diag(ell)||", UpperBound(logit_path)},
-      {"variation, value path + logit path", UpperBound(split)},
-      {"variation, joint block-bound norm", UpperBound(joint)},
-      {"variation, row and column sums", UpperBound(schur)},
-      {"LayerNorm factor max_j ell_j", UpperBound(ell_max)},
-  };
+  out.alternatives = v.alternatives;
   return out;
 }
 
 UpperBound CentredUpperBound(const AttentionLayer& layer, const TokenCover& cover, const BoundOptions& opts) {
   return CentredBound(layer, cover, opts).upper;
+}
+
+std::string CentreNormEngineRefusal(const BoundOptions& opts) {
+  return opts.norm == NormKind::kL2 ? "" : "norm 2 only";
+}
+
+namespace {
+CentreNormOptions CentreNormOptionsOf(const BoundOptions& opts, long centre_dense_limit) {
+  CentreNormOptions c;
+  c.dense_limit = centre_dense_limit;
+  c.exclude_residual = opts.exclude_residual;
+  c.threads = opts.threads;
+  c.deadline = opts.deadline;
+  return c;
+}
+}  // namespace
+
+double CentreNormEngineSecondsEstimate(const AttentionLayer& layer, int tokens, long centre_dense_limit) {
+  CentreNormOptions c;
+  c.dense_limit = centre_dense_limit;
+  const double one = CentreNormSecondsEstimate(layer, tokens, c);
+  return layer.layer_norm ? 2 * one : one;  // the sublayer certifies ||J_M(zc)|| too
+}
+
+EngineBound CentreNormBound(const AttentionLayer& L, const TokenCover& cover, const BoundOptions& opts,
+                            long centre_dense_limit) {
+  constexpr const char* kName = "centre_norm";
+  if (const std::string why = CentreNormEngineRefusal(opts); !why.empty())
+    throw std::invalid_argument(std::string(kName) + " engine: " + why);
+  const CentredVariation v = CentredVariationBound(L, cover, opts);
+  if (!v.complete) return TimedOutBound(kName);
+  const CentreNormOptions co = CentreNormOptionsOf(opts, centre_dense_limit);
+  CentreNormReport report;
+  const UpperBound centre_norm = CentreJacobianNormUpperBound(L, cover.center, co, &report);
+  if (report.timed_out) return TimedOutBound(kName);
+  UpperBound ln_variation(0.0), anchor(0.0);
+  if (v.in.residual) {
+    // The variation is about the z-cover's floating centre zc, the centre norm about the
+    // exact z0 = LN(x0) (enclosed): ||J_M(zc) - J_M(z0)|| <= the variation of MHA alone over
+    // the point set's z-cover (LayerNorm's rounding only), times max_j sup ||J_LN(x_j)||.
+    TokenCover point = cover;
+    point.radius.setZero();
+    point.frobenius = UpperBound(0.0);
+    const MhaInput in0 = MhaInputOver(L, point, NormKind::kL2);
+    if (in0.zc != v.in.zc) return TimedOutBound(kName);  // not the same anchor: no bound
+    AttentionLayer mha_alone = L;
+    mha_alone.layer_norm.reset();
+    const CentredVariation v0 =
+        CentredVariationBound(mha_alone, TokenCover{in0.zc, in0.rho_z, UpperBound(in0.joint_z)}, opts);
+    if (!v0.complete) return TimedOutBound(kName);
+    anchor = UpperBound(MulUp(v0.variation.value(), v.in.ell.maxCoeff()));
+    CentreNormOptions mha = co;
+    mha.mha_only = true;
+    CentreNormReport mha_report;
+    const UpperBound mha_norm = CentreJacobianNormUpperBound(L, cover.center, mha, &mha_report);
+    if (mha_report.timed_out) return TimedOutBound(kName);
+    ln_variation = UpperBound(MulUp(mha_norm.value(), v.in.delta_ln.maxCoeff()));
+  }
+  EngineBound out;
+  out.upper = centre_norm + v.variation + ln_variation + anchor;
+  const std::string how = report.method == "dense" ? "dense Gram/Cholesky certificate"
+                                                    : std::to_string(report.groups) + " x " +
+                                                          std::to_string(report.groups) + " token super-blocks";
+  out.terms.push_back({"centre norm ||J(X0)|| (" + how + ")", centre_norm});
+  out.terms.push_back({v.route, v.variation});
+  if (v.in.residual)
+  if (v.in.residual) {
+    out.terms.push_back({"LayerNorm variation ||J_M(z0)|| max_j ||J_LN(x_j) - J_LN(x0_j)||", ln_variation});
+    out.terms.push_back({"LayerNorm rounding ||J_M(zc) - J_M(z0)|| max_j ||J_LN(x_j)||", anchor});
+  }
+  out.alternatives = v.alternatives;
+  return out;
 }
 
 }  // namespace lipcert

@@ -7,6 +7,8 @@
 #include <string>
 
 #include "certify/engine_bound.h"
+#include "certify/head_factors.h"
+#include "certify/layer_norm_cover.h"
 #include "certify/token_cover.h"
 #include "models/attention_layer.h"
 
@@ -39,5 +41,31 @@ EngineBound CentredBound(const AttentionLayer& layer, const TokenCover& cover, c
 
 // CentredBound(...).upper.
 UpperBound CentredUpperBound(const AttentionLayer& layer, const TokenCover& cover, const BoundOptions& opts);
+
+// The variation half of the centred form: sup over the cover of ||J_M(z) - J_M(zc)||
+// (the MHA Jacobian at the MHA input, LayerNorm factors included), from the factor bounds.
+// Any size (O(H N^2 D) work); `complete` is false when opts.deadline passed first.
+struct CentredVariation {
+  UpperBound variation{kInf};
+  const char* route = "";                 // which of the candidate bounds won
+  std::vector<BoundTerm> alternatives;    // the candidates
+  MhaInput in;                            // the cover of the MHA input (LayerNorm factors)
+  std::vector<HeadGeometry> geo;          // per head, at the centre
+  std::vector<FactorBounds> centre;       // per head, factor bounds at the centre point
+  bool complete = false;
+};
+CentredVariation CentredVariationBound(const AttentionLayer& layer, const TokenCover& cover, const BoundOptions& opts);
+
+// Engine `centre_norm` (norm 2, any size): the centred form with the centre-norm
+// certificate of certify/centre_norm.h for ||J(X0)|| (exact to about 1e-8 where one dense
+// Gram/Cholesky certificate fits, token super-blocks above), plus the variation above, plus
+// for the sublayer ||J_M(zc)|| max_j ||J_LN(x_j) - J_LN(x0_j)|| with ||J_M(zc)|| certified
+// the same way. `centre_dense_limit` is the largest N*D certified densely (the caller sizes
+// it to its time: one Cholesky is not interrupted).
+std::string CentreNormEngineRefusal(const BoundOptions& opts);
+EngineBound CentreNormBound(const AttentionLayer& layer, const TokenCover& cover, const BoundOptions& opts,
+                            long centre_dense_limit);
+// Predicted seconds of CentreNormBound on an idle 2-core machine.
+double CentreNormEngineSecondsEstimate(const AttentionLayer& layer, int tokens, long centre_dense_limit);
 
 }  // namespace lipcert

@@ -146,6 +146,37 @@ BoundOptions BoundOptionsOf(const CertifyOptions& o, Clock::time_point deadline)
   return bo;
 }
 
+// The centred form (||J(X0)|| + the variation) with the centre-norm certificate: one dense
+// Gram/Cholesky certificate of J(X0) when its predicted time is at most half of what is
+// left before the engines' deadline (the Cholesky is not interrupted), else token
+// super-blocks, else not at all. It replaces the older dense `centred` engine, whose
+// centre norm it computes faster (certify/centre_norm.h); branch and bound still uses that
+// one on its pieces.
+void RunCentreNorm(const AttentionLayer& L, const TokenCover& cover, const CertifyOptions& o, const BoundOptions& bo,
+                   const RunClock& clock, Certificate* c) {
+  const int n = int(cover.center.rows());
+  const long nd = long(n) * L.d_model;
+  Refused(c, "centred", o.norm == NormKind::kL2 ? "replaced by centre_norm" : "norm 2 only");
+  if (const std::string why = CentreNormEngineRefusal(bo); !why.empty()) {
+    Refused(c, "centre_norm", why);
+    return;
+  }
+  if (o.engines.dense_limit == 0) {
+    Refused(c, "centre_norm", "engines.dense_limit = 0");
+    return;
+  }
+  const double window = std::chrono::duration<double>(bo.deadline - Clock::now()).count();
+  long dense_limit = nd <= o.engines.dense_limit ? nd : 0;  // 0: token super-blocks
+  if (CentreNormEngineSecondsEstimate(L, n, dense_limit) > 0.5 * window) dense_limit = 0;
+  if (CentreNormEngineSecondsEstimate(L, n, dense_limit) > window) {
+    Refused(c, "centre_norm", "predicted time above the engines' share of the time limit");
+    return;
+  }
+  const auto [b, seconds] = Timed([&] { return CentreNormBound(L, cover, bo, dense_limit); });
+  Record(c, "centre_norm", b, seconds);
+  Progress(o, "centre_norm", *c, clock.Elapsed());
+}
+
 // 3. The structured bound engines on the whole set, by the end of the time that is not
 // the search's: the centred engine does not start when its predicted time does not fit,
 // and either engine stops at the deadline with +inf (never a partial number). Returns
@@ -157,13 +188,7 @@ double RunStructuredEngines(const AttentionLayer& L, const TokenCover& cover, co
   const auto [block, block_s] = Timed([&] { return BlockNormBound(L, cover, bo); });
   Record(c, "block_norm", block, block_s);
   Progress(o, "block_norm", *c, clock.Elapsed());
-  if (const std::string why = CentredEngineRefusal(L, int(cover.center.rows()), bo); !why.empty()) {
-    Refused(c, "centred", why);
-  } else {
-    const auto [centred, centred_s] = Timed([&] { return CentredBound(L, cover, bo); });
-    Record(c, "centred", centred, centred_s);
-    Progress(o, "centred", *c, clock.Elapsed());
-  }
+  RunCentreNorm(L, cover, o, bo, clock, c);
   if (o.on_improvement) o.on_improvement(*c);
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
@@ -181,13 +206,16 @@ double SearchSeconds(const InputSet& set, const CertifyOptions& o, double root_s
   return std::max(std::min(o.time_limit_s * o.search.share, clock.Left()), share);
 }
 
+// Branch and bound bounds its pieces with the dense `centred` engine up to this N*D.
+constexpr int kPieceDenseLimit = 4096;
+
 // 4. Branch and bound over the set with the time that is left.
 void RunBranchAndBound(const AttentionLayer& L, const InputSet& set, const CertifyOptions& o,
                        double root_seconds, const RunClock& clock, Certificate* c) {
   BranchAndBoundOptions bb;
   bb.norm = o.norm;
   bb.tolerance = o.tolerance;
-  bb.dense_limit = o.engines.dense_limit;
+  bb.dense_limit = std::min(o.engines.dense_limit, kPieceDenseLimit);
   bb.max_pieces = o.branch_and_bound.max_pieces;
   bb.time_limit_s = clock.Left();
   bb.root_upper = c->upper_bound;
@@ -227,8 +255,11 @@ void CertifyInvertibility(const AttentionLayer& L, const TokenCover& cover, cons
                           const RunClock& clock, Invertibility inv, Certificate* c) {
   BoundOptions g = BoundOptionsOf(o, clock.At(1));
   g.exclude_residual = true;
-  if (CentredEngineRefusal(L, int(cover.center.rows()), g).empty())
-    inv.lip_g_upper = Min(inv.lip_g_upper, CentredBound(L, cover, g).upper);
+  const int n = int(cover.center.rows());
+  const long nd = long(n) * L.d_model;
+  if (CentreNormEngineRefusal(g).empty() && nd <= o.engines.dense_limit &&
+      CentreNormEngineSecondsEstimate(L, n, nd) <= 0.5 * clock.Left())
+    inv.lip_g_upper = Min(inv.lip_g_upper, CentreNormBound(L, cover, g, nd).upper);
   inv.certified = inv.lip_g_upper.value() < 1;
   if (inv.certified) inv.bi_lipschitz_lower = LowerBound(SubDown(1.0, inv.lip_g_upper.value()));
   inv.bi_lipschitz_upper = Min(c->upper_bound, UpperBound(AddUp(1.0, inv.lip_g_upper.value())));

@@ -25,7 +25,9 @@ struct SearchStageOptions {
 
 // The structured bound engines (block-norm, centred) on the whole set.
 struct EngineStageOptions {
-  int dense_limit = 4096;       // the centred engine forms J(X0) densely up to this N*D
+  int dense_limit = 12288;      // the centre_norm engine certifies J(X0) with one dense
+                                // certificate up to this N*D (if its predicted time fits),
+                                // with token super-blocks above; 0: no centre_norm engine
   std::string IsValid() const;
 };
 
