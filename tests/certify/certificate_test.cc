@@ -27,7 +27,7 @@ namespace fs = std::filesystem;
 Certificate FullCertificate() {
   Certificate c;
   c.provenance = {"model.safetensors", "ab12", "hf-bert", 3, "zero"};
-  c.kind = "dot";
+  c.kind = AttentionKind::kDot;
   c.d_model = 8;
   c.heads = 2;
   c.head_dim_qk = 4;
@@ -42,9 +42,13 @@ Certificate FullCertificate() {
   c.norm = NormKind::kLinf;
   c.upper_bound = UpperBound(12.5);
   c.lower_bound = LowerBound(10.0);
-  c.engines = {{"block_norm", UpperBound(12.5), 0.5, "", true},
-               {"closed_form/kim", UpperBound(kInf), 0.0, "l2 attention only", false}};
-  c.witness = {"multistart", 10.25, LowerBound(10.0)};
+  c.engines = {{"block_norm", UpperBound(12.5), 0.5, "", true, {{"attention Jacobian", UpperBound(11.5)}}},
+               {"closed_form/kim", UpperBound(kInf), 0.0, "l2 attention only", false, {}}};
+  c.witness.origin = "multistart";
+  c.witness.value = 10.25;
+  c.witness.lower_bound = LowerBound(10.0);
+  c.notes = {"a note"};
+  c.fp_environment_repaired = true;
   c.invertibility = Invertibility{UpperBound(0.5), true, LowerBound(0.5), UpperBound(1.5)};
   c.rounding_model = "directed";
   c.exp_backend = "mpfr";
@@ -205,14 +209,14 @@ TEST(CertificateJsonTest, EnumStringsRoundTrip) {
   // CertificateStatus has no StringTo...: its strings are distinct and the documented ones.
   std::set<std::string> statuses;
   for (CertificateStatus s : {CertificateStatus::kTolerance, CertificateStatus::kTimeLimit,
-                              CertificateStatus::kExhausted}) {
+                              CertificateStatus::kExhausted, CertificateStatus::kInProgress}) {
     Certificate c = FullCertificate();
     c.status = s;
     statuses.insert(ToJson(c)["status"].get<std::string>());
     ++checked;
   }
-  EXPECT_EQ(statuses, (std::set<std::string>{"tolerance_reached", "time_limit", "engines_exhausted"}));
-  EXPECT_EQ(checked, 8);
+  EXPECT_EQ(statuses, (std::set<std::string>{"tolerance_reached", "time_limit", "engines_exhausted", "in_progress"}));
+  EXPECT_EQ(checked, 9);
   SetKind sk;
   NormKind nk;
   EXPECT_FALSE(StringToSetKind("sphere", &sk));
