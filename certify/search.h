@@ -50,11 +50,6 @@ struct SearchOptions {
 // Returns "" when valid, else a message naming the bad field.
 std::string ValidateSearchOptions(const SearchOptions& opts);
 
-// rigorous: lower_bound <= ||J(X*) v|| / ||v|| (0 when not evaluated)
-  std::string origin;        // "centre", "sample", "boundary", "split-attention", "mass-unbalanced",
-                             // "mass-split", "perturb"; "ascent:<origin>" after ascent
-};
-
 struct SearchResult {
   Witness best;
   int points_evaluated = 0;  // Jacobian-norm evaluations (each a few JVP/VJP pairs)
