@@ -27,7 +27,7 @@ namespace fs = std::filesystem;
 Certificate FullCertificate() {
   Certificate c;
   c.provenance = {"model.safetensors", "ab12", "hf-bert", 3, "zero"};
-  c.kind = "dot";
+  c.kind = AttentionKind::kDot;
   c.d_model = 8;
   c.heads = 2;
   c.head_dim_qk = 4;
@@ -44,7 +44,9 @@ Certificate FullCertificate() {
   c.lower_bound = LowerBound(10.0);
   c.engines = {{"block_norm", UpperBound(12.5), 0.5, "", true},
                {"closed_form/kim", UpperBound(kInf), 0.0, "l2 attention only", false}};
-  c.witness = {"multistart", 10.25, LowerBound(10.0)};
+  c.witness.origin = "multistart";
+  c.witness.value = 10.25;
+  c.witness.lower_bound = LowerBound(10.0);
   c.invertibility = Invertibility{UpperBound(0.5), true, LowerBound(0.5), UpperBound(1.5)};
   c.rounding_model = "directed";
   c.exp_backend = "mpfr";
