@@ -119,7 +119,7 @@ Certificate CertifyPostLayerNorm(const AttentionLayer& L, const InputSet& set, c
   Certificate c = cp;  // the layer's shape, the set, the numerics and provenance
   c.layer_norm = false;
   c.post_layer_norm = true;
-  c.invertibility = Invertibility{};
+  c.invertibility = {};  // the invertibility of X + g(X) is a pre-LN notion
   c.engines.clear();
   c.upper_bound = b.upper;
   const auto engines_of = [](const Certificate& m) {
