@@ -87,6 +87,7 @@ UpperBound Kim(const AttentionLayer& L, int n) {
 std::vector<ClosedFormBound> ClosedFormBounds(const AttentionLayer& L, const InputSet& set, NormKind norm) {
   std::vector<ClosedFormBound> out;
   if (norm != NormKind::kL2 || L.causal) return out;
+  if (L.post_ln()) return out;  // postln branch: these forms bound MHA alone; see certify/post_layer_norm.h
   double ell = 1;
   const TokenCover z = MhaInputCover(L, CoverOf(set), &ell);
   auto wrap = [&](UpperBound mha) {

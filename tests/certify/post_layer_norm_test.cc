@@ -14,6 +14,7 @@
 #include "certify/block_norm_engine.h"
 #include "certify/centred_engine.h"
 #include "certify/pipeline.h"
+#include "certify/search.h"
 #include "certify/witness_eval.h"
 #include "models/forward.h"
 #include "models/random_layer.h"
@@ -152,6 +153,39 @@ TEST(PostLayerNorm, CertifyWitnessBelowBoundAndBoundAboveMpfr) {
       const Eigen::MatrixXd x = RandomPointIn(set, rng);
       EXPECT_LE(ExactRatio(L, x, TopDirection(L, x, o.norm), o.norm), cert.upper_bound.value());
     }
+    ++checked;
+  }
+  EXPECT_EQ(checked, cases);
+}
+
+// SearchLowerBound given a post-LN layer directly: its witness is re-evaluated on f, so it
+// stays a proven lower bound (<= the MPFR value, <= the composed bound).
+TEST(PostLayerNorm, SearchWitnessOnThePostLnLayerIsBelowTheBound) {
+  std::mt19937_64 rng(7);
+  std::normal_distribution<double> g;
+  const long cases = testing::Count(4);
+  long checked = 0;
+  for (long c = 0; c < cases; ++c) {
+    const AttentionLayer L = RandomPostLn(int(c), rng);
+    InputSet set;
+    set.center = Eigen::MatrixXd::NullaryExpr(3, L.d_model, [&] { return g(rng); });
+    set.radius = 0.1;
+    const NormKind norm = c % 2 ? NormKind::kLinf : NormKind::kL2;
+    SearchOptions so;
+    so.norm = norm;
+    so.max_rounds = 1;
+    so.time_limit_s = 0.5;
+    so.threads = 1;
+    const SearchResult sr = SearchLowerBound(L, set, so);
+    const TokenCover cover = CoverOf(set);
+    BoundOptions bo;
+    const UpperBound u2 = BlockNormBound(L.WithoutPostLayerNorm(), cover, bo).upper;
+    bo.norm = norm;
+    const UpperBound up = BlockNormBound(L.WithoutPostLayerNorm(), cover, bo).upper;
+    const PostLayerNormBound b = ComposePostLayerNorm(L, cover, u2, up, norm);
+    ASSERT_GT(sr.best.lower_bound.value(), 0) << "case " << c;
+    EXPECT_LE(sr.best.lower_bound.value(), b.upper.value());
+    EXPECT_LE(sr.best.lower_bound.value(), ExactRatio(L, sr.best.x, sr.best.v, norm));
     ++checked;
   }
   EXPECT_EQ(checked, cases);
