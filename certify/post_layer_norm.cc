@@ -6,6 +6,7 @@
 #include <stdexcept>
 
 #include "certify/layer_norm_cover.h"
+#include "certify/search.h"
 #include "certify/witness_eval.h"
 #include "models/forward.h"
 
@@ -103,6 +104,7 @@ Certificate CertifyPostLayerNorm(const AttentionLayer& L, const InputSet& set, c
   // norm asked for when that is inf; the rest for the witness on f.
   CertifyOptions mo = o;
   mo.on_improvement = nullptr;
+  mo.progress = false;  // its figures are MHA's, not f's
   mo.norm = NormKind::kL2;
   mo.time_limit_s = o.time_limit_s * (o.norm == NormKind::kL2 ? 0.8 : 0.4);
   const Certificate c2 = Certify(mha, set, mo, provenance);
@@ -156,6 +158,22 @@ Certificate CertifyPostLayerNorm(const AttentionLayer& L, const InputSet& set, c
       consider(x, v2, "power:" + origin);
     else
       consider(x, InfDirection(L, x, v2), "row:" + origin);
+  }
+  // The search on f itself with what is left: its ascent follows MHA's Jacobian (the
+  // kernels evaluator knows MHA only), its final witness is re-evaluated on f.
+  if (const double left = 0.9 * (o.time_limit_s - SecondsSince(start)); left > 0.05) {
+    SearchOptions so;
+    so.norm = o.norm;
+    so.seed = o.seed;
+    so.threads = o.threads;
+    so.max_rounds = o.search.max_rounds;
+    so.time_limit_s = left;
+    const Witness w = SearchLowerBound(L, set, so).best;
+    if (w.lower_bound.value() > c.lower_bound.value()) {
+      c.lower_bound = w.lower_bound;
+      c.witness = w;
+      c.witness.origin = "search:" + w.origin;
+    }
   }
   c.status = c.upper_bound.value() <= MulDown(c.lower_bound.value(), 1 + o.tolerance) ? CertificateStatus::kTolerance
                                                                                      : cp.status;
