@@ -18,6 +18,11 @@ constexpr const char* kEngine = "block_norm";
 
 EngineBound BlockNormBound(const AttentionLayer& L, const TokenCover& cover, const BoundOptions& opts) {
   if (DeadlinePassed(opts)) return TimedOutBound(kEngine);
+  if (L.post_ln()) {  // refused: certified by post_ln_composition (certify/post_layer_norm.h) on MHA alone
+    EngineBound refused;
+    refused.note = "post-LN layer: not handled by block_norm";
+    return refused;
+  }
   const NormKind p = opts.norm;
   const int n = int(cover.center.rows());
   const MhaInput in = MhaInputOver(L, cover, p);

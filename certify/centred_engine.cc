@@ -19,6 +19,7 @@ constexpr const char* kEngine = "centred";
 
 std::string CentredEngineRefusal(const AttentionLayer& layer, int tokens, const BoundOptions& opts) {
   if (opts.norm != NormKind::kL2) return "norm 2 only";
+  if (layer.post_ln()) return "post-LN layer: certified by post_ln_composition on MHA alone";
   const long nd = long(tokens) * layer.d_model;
   if (nd > opts.dense_limit)
     return "N*D = " + std::to_string(nd) + " exceeds dense_limit " + std::to_string(opts.dense_limit);

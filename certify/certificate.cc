@@ -46,7 +46,8 @@ nlohmann::json ToJson(const Certificate& c) {
                 {"layer", c.provenance.layer_index}};
   j["layer"] = {{"kind", AttentionKindToString(c.kind)},         {"d_model", c.d_model},       {"heads", c.heads},
                 {"head_dim_qk", c.head_dim_qk}, {"head_dim_v", c.head_dim_v}, {"causal", c.causal},
-                {"layer_norm", c.layer_norm},   {"biases", c.biases}};
+                {"layer_norm", c.layer_norm},   {"biases", c.biases},
+                {"post_layer_norm", c.post_layer_norm}};  // postln branch
   j["set"] = {{"kind", SetKindToString(c.set)},
               {"radius", c.radius},
               {"tokens", c.tokens},
@@ -104,7 +105,7 @@ std::string Summary(const Certificate& c) {
   os.precision(6);
   os << c.provenance.model_path << " layer " << c.provenance.layer_index << " (" << AttentionKindToString(c.kind)
      << ", D=" << c.d_model << ", H=" << c.heads << (c.causal ? ", causal" : "")
-     << (c.layer_norm ? ", X+MHA(LN(X))" : "") << ")\n";
+     << (c.layer_norm ? ", X+MHA(LN(X))" : "") << (c.post_layer_norm ? ", LN(X+MHA(X))" : "") << ")\n";
   os << "  set " << SetKindToString(c.set) << " radius " << c.radius << " around " << c.provenance.centre_source
      << " (N=" << c.tokens << "), norm " << NormKindToString(c.norm) << "\n";
   os << "  certified upper " << c.upper_bound.value() << "   witnessed lower " << c.lower_bound.value()

@@ -56,6 +56,7 @@ struct Certificate {
   AttentionKind kind = AttentionKind::kDot;
   int d_model = 0, heads = 0, head_dim_qk = 0, head_dim_v = 0, tokens = 0;
   bool causal = false, layer_norm = false, biases = false;
+  bool post_layer_norm = false;  // the post-LN (BERT) sublayer LN(X + MHA(X)); layer_norm is the pre-LN one
   // The set and the norm.
   SetKind set = SetKind::kBall;
   double radius = 0;

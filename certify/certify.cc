@@ -10,6 +10,7 @@
 #include "certify/closed_form.h"
 #include "certify/block_norm_engine.h"
 #include "certify/centred_engine.h"
+#include "certify/post_layer_norm.h"
 #include "certify/token_cover.h"
 #include "interval/elementary.h"
 #include "interval/fp_environment.h"
@@ -278,6 +279,9 @@ Certificate Certify(const AttentionLayer& L, const InputSet& set, const CertifyO
   if (const std::string e = ValidateLayer(L); !e.empty()) throw std::invalid_argument(e);
   if (set.width() != L.d_model) throw std::invalid_argument("centre: width does not match the layer's d_model");
   if (!(set.radius >= 0) || !std::isfinite(set.radius)) throw std::invalid_argument("radius: must be finite and >= 0");
+  // The post-LN sublayer LN(X + MHA(X)) composes certificates of MHA alone
+  // (certify/post_layer_norm.h); no stage below knows the post-LN.
+  if (L.post_ln()) return CertifyPostLayerNorm(L, set, o, provenance);
   const RunClock clock(o.time_limit_s);
   Certificate c = Skeleton(L, set, o, provenance);
   const TokenCover cover = CoverOf(set);

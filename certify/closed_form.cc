@@ -107,6 +107,7 @@ UpperBound KimInf(const AttentionLayer& L, int n) {
 std::vector<ClosedFormBound> ClosedFormBounds(const AttentionLayer& L, const InputSet& set, NormKind norm) {
   std::vector<ClosedFormBound> out;
   if (L.causal) return out;
+  if (L.post_ln()) return out;  // these forms bound MHA alone; see certify/post_layer_norm.h
   if (norm == NormKind::kLinf) {
     // The sublayer would need sup ||J_LN||_inf over the set; only bare L2 attention here.
     if (L.kind == AttentionKind::kL2 && !L.layer_norm) out.push_back({"closed_form/kim_inf", KimInf(L, set.tokens())});

@@ -34,9 +34,11 @@ PreparedJob PrepareJob(const CertifyRequest& r, LoadedModel model) {
   job.model = std::move(model);
   job.layer = SelectLayer(job.model, r.model.layer);
   if (r.model.attention_only) {
-    if (job.model.layers[job.layer].residual())
-      job.model.layers[job.layer].layer_norm.reset();
-    else
+    AttentionLayer& sel = job.model.layers[job.layer];
+    if (sel.residual() || sel.post_ln()) {  // post-LN (postln branch): MHA alone for both kinds
+      sel.layer_norm.reset();
+      sel.post_layer_norm.reset();
+    } else
       job.note = "attention_only: the layer has no LayerNorm sublayer; certifying the layer itself";
   }
   const AttentionLayer& L = job.Layer();

@@ -109,6 +109,22 @@ void EncloseJvpScalar(const AttentionLayer& layer, const Eigen::MatrixXd& x, con
     }
 }
 
+void EncloseForward(const AttentionLayer& layer, const Eigen::MatrixXd& x, ExpBackend exp_backend,
+                    Eigen::MatrixXd* lo, Eigen::MatrixXd* hi) {
+  CheckInputs(layer, x, Eigen::MatrixXd::Ones(x.rows(), x.cols()));
+  RequireRoundToNearest();
+  const ExpBackend saved = witness_internal::tls_exp_backend;
+  witness_internal::tls_exp_backend = exp_backend;
+  const Mat<RI> y = Forward<RI>(layer, Mat<RI>(x.cast<RI>()));
+  witness_internal::tls_exp_backend = saved;
+  lo->resize(y.rows(), y.cols());
+  hi->resize(y.rows(), y.cols());
+  for (Eigen::Index j = 0; j < y.cols(); ++j)
+    for (Eigen::Index i = 0; i < y.rows(); ++i) {
+      (*lo)(i, j) = y(i, j).v.lo;
+      (*hi)(i, j) = y(i, j).v.hi;
+    }
+}
 
 // ---------------------------------------------------------------------------------------
 // The same evaluation (models/forward.h: Evaluate, then Jvp) with every matrix product an
@@ -135,6 +151,38 @@ IM AddBias(const IM& m, const Eigen::VectorXd& b, int off, int len) {
 }
 
 Interval InvSqrtDk(int dk) { return Interval(1.0) / Sqrt(Interval(double(dk))); }
+
+// The post-LN step of the JVP: given enclosures of y = x + MHA(x) and dy = v + J_MHA v,
+// encloses J_LN(y) dy row by row, J_LN(y) dy = gamma * (dy - mean(dy) - yhat mean(yhat dy)) / sigma(y).
+IM PostLayerNormJvp(const LayerNormParams& ln, const IM& y, const IM& dy) {
+  const Eigen::Index n = y.rows(), d = y.cols();
+  const Interval dd{double(d)};
+  std::vector<Interval> out(n * d);
+  for (Eigen::Index i = 0; i < n; ++i) {
+    Interval sum(0.0);
+    for (Eigen::Index a = 0; a < d; ++a) sum += y(i, a);
+    const Interval mean = sum / dd;
+    std::vector<Interval> c(d);
+    Interval sq(0.0);
+    for (Eigen::Index a = 0; a < d; ++a) {
+      c[a] = y(i, a) - mean;
+      sq += Sqr(c[a]);
+    }
+    const Interval sigma = Sqrt(sq / dd + Interval(ln.eps));
+    Interval dsum(0.0), mxd(0.0);
+    std::vector<Interval> yhat(d);
+    for (Eigen::Index a = 0; a < d; ++a) {
+      yhat[a] = c[a] / sigma;
+      dsum += dy(i, a);
+      mxd += yhat[a] * dy(i, a);
+    }
+    const Interval dmean = dsum / dd;
+    mxd = mxd / dd;
+    for (Eigen::Index a = 0; a < d; ++a)
+      out[i * d + a] = Interval(ln.gamma(a)) * (dy(i, a) - dmean - yhat[a] * mxd) / sigma;
+  }
+  return FromIntervals(out, n, d);
+}
 
 }  // namespace
 
@@ -166,6 +214,7 @@ void EncloseJvp(const AttentionLayer& L, const Eigen::MatrixXd& x, const Eigen::
     dz = FromIntervals(dze, n, d);
   }
   IM dout = IM::Point(Eigen::MatrixXd::Zero(n, L.d_model));
+  IM out = dout;  // MHA(x) itself, needed only by a post-LN layer
   for (int h = 0; h < L.heads; ++h) {
     const int dk = L.head_dim_qk;
     const Interval scale = InvSqrtDk(dk);
@@ -227,8 +276,13 @@ void EncloseJvp(const AttentionLayer& L, const Eigen::MatrixXd& x, const Eigen::
     const IM pm = FromIntervals(p, n, n), dpm = FromIntervals(dp, n, n);
     const IM dhead = Mul(dpm, val) + Mul(pm, dval);
     dout = dout + Mul(dhead, Eigen::MatrixXd(wo.transpose()));
+    if (L.post_layer_norm) out = out + Mul(Mul(pm, val), Eigen::MatrixXd(wo.transpose()));
   }
   if (L.layer_norm) dout = dout + IM::Point(v);
+  if (L.post_layer_norm) {  // J_f v = J_LN(y) (v + J_MHA v), y = x + MHA(x)
+    if (L.bo.size()) out = out + IM::Point(L.bo.transpose().replicate(n, 1));
+    dout = PostLayerNormJvp(*L.post_layer_norm, IM::Point(x) + out, IM::Point(v) + dout);
+  }
   *lo = dout.Lower();
   *hi = dout.Upper();
 }

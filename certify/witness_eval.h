@@ -33,6 +33,11 @@ void EncloseJvp(const AttentionLayer& layer, const Eigen::MatrixXd& x, const Eig
 void EncloseJvpScalar(const AttentionLayer& layer, const Eigen::MatrixXd& x, const Eigen::MatrixXd& v,
                       ExpBackend exp_backend, Eigen::MatrixXd* lo, Eigen::MatrixXd* hi);
 
+// An enclosure of f(x) itself (models/forward.h Evaluate on scalar intervals; slow on wide
+// layers, meant for one point such as a cover's centre): lo <= f(x) <= hi entrywise.
+void EncloseForward(const AttentionLayer& layer, const Eigen::MatrixXd& x, ExpBackend exp_backend,
+                    Eigen::MatrixXd* lo, Eigen::MatrixXd* hi);
+
 // True only when x is certainly in the set (norms of x - X0 rounded upwards).
 bool CertainlyInSet(const InputSet& set, const Eigen::MatrixXd& x);
 

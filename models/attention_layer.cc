@@ -38,6 +38,14 @@ std::string CheckBias(const char* name, const Eigen::VectorXd& b, long size) {
   return "";
 }
 
+std::string CheckLayerNorm(const std::string& name, const LayerNormParams& ln, long d) {
+  if (ln.gamma.size() != d) return name + ".weight: expected length " + std::to_string(d);
+  if (ln.beta.size() != d) return name + ".bias: expected length " + std::to_string(d);
+  if (!ln.gamma.allFinite() || !ln.beta.allFinite()) return name + ": contains NaN or Inf";
+  if (!(ln.eps > 0) || !std::isfinite(ln.eps)) return name + ".eps: must be positive and finite";
+  return "";
+}
+
 }  // namespace
 
 std::string ValidateLayer(const AttentionLayer& L) {
@@ -55,13 +63,12 @@ std::string ValidateLayer(const AttentionLayer& L) {
     if (L.bq.size() || L.bk.size()) return "bq/bk: l2 attention has no query/key bias";
     if (L.wk != L.wq) return "wk: l2 attention ties the key weight to the query weight";
   }
-  if (L.layer_norm) {
-    const auto& ln = *L.layer_norm;
-    if (ln.gamma.size() != L.d_model) return "ln.weight: expected length " + std::to_string(L.d_model);
-    if (ln.beta.size() != L.d_model) return "ln.bias: expected length " + std::to_string(L.d_model);
-    if (!ln.gamma.allFinite() || !ln.beta.allFinite()) return "ln: contains NaN or Inf";
-    if (!(ln.eps > 0) || !std::isfinite(ln.eps)) return "ln.eps: must be positive and finite";
-  }
+  if (L.layer_norm && L.post_layer_norm)
+    return "post_ln: a layer has either a pre-LN (ln) or a post-LN (post_ln) LayerNorm, not both";
+  if (L.layer_norm)
+    if (std::string e = CheckLayerNorm("ln", *L.layer_norm, L.d_model); !e.empty()) return e;
+  if (L.post_layer_norm)
+    if (std::string e = CheckLayerNorm("post_ln", *L.post_layer_norm, L.d_model); !e.empty()) return e;
   return "";
 }
 

@@ -8,7 +8,9 @@
 //   l2:  P^h_ij ∝ exp(-||x_i Wq_h^T - x_j Wq_h^T||^2 / sqrt(dk)),  A_h = Wq_h^T Wq_h / sqrt(dk)
 //        head_h = P^h X A_h Wv_h^T (+ bv_h)         (tied query/key: wk == wq, no bq/bk)
 //   MHA(X) = [head_1 .. head_H] Wo^T + bo
-//   optional sublayer: f(X) = X + MHA(LayerNorm(X)),  LayerNorm row-wise with gamma, beta, eps.
+//   optional sublayers (mutually exclusive), LayerNorm row-wise with gamma, beta, eps:
+//     pre-LN  (GPT-2):  f(X) = X + MHA(LayerNorm(X))      layer_norm
+//     post-LN (BERT):   f(X) = LayerNorm(X + MHA(X))      post_layer_norm
 #pragma once
 
 #include <Eigen/Dense>
@@ -45,14 +47,26 @@ struct AttentionLayer {
   // Biases; size 0 means absent (zero). kL2 has no bq, bk.
   Eigen::VectorXd bq, bk, bv, bo;
 
-  // Present: the layer is the sublayer X + MHA(LayerNorm(X)).
+  // Present: the layer is the pre-LN sublayer X + MHA(LayerNorm(X)).
   std::optional<LayerNormParams> layer_norm;
+  // Present: the layer is the post-LN (BERT) sublayer LayerNorm(X + MHA(X)). Never
+  // together with layer_norm (ValidateLayer refuses both).
+  std::optional<LayerNormParams> post_layer_norm;
 
   // Where each parameter came from in the checkpoint ("wq" -> "h.0.attn.c_attn.weight[:, 0:64]^T").
   std::map<std::string, std::string> tensor_names;
 
   bool has_bias() const { return bq.size() || bk.size() || bv.size() || bo.size(); }
+  // The pre-LN sublayer X + MHA(LN(X)) (the post-LN one is not "residual" in this sense:
+  // its output is normalised, so the invertibility argument of X + g(X) does not apply).
   bool residual() const { return layer_norm.has_value(); }
+  bool post_ln() const { return post_layer_norm.has_value(); }
+  // The same layer without its post-LN: MHA alone when layer_norm is absent.
+  AttentionLayer WithoutPostLayerNorm() const {
+    AttentionLayer m = *this;
+    m.post_layer_norm.reset();
+    return m;
+  }
 
   // Rows [h*dk, (h+1)*dk) of wq etc.
   auto wq_head(int h) const { return wq.middleRows(h * head_dim_qk, head_dim_qk); }

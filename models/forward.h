@@ -159,6 +159,7 @@ struct LayerState {
   detail::LayerNormState<T> ln;           // valid when the layer has LayerNorm
   std::vector<detail::HeadState<T>> heads;
   Mat<T> y;                               // the output f(x)
+  detail::LayerNormState<T> post_ln;      // valid when the layer has a post-LN: state at x + MHA(x)
 };
 
 template <class T>
@@ -173,6 +174,7 @@ LayerState<T> Evaluate(const AttentionLayer& L, const Mat<T>& x) {
   }
   detail::AddBias(out, L.bo);
   s.y = L.layer_norm ? Mat<T>(x + out) : out;
+  if (L.post_layer_norm) s.y = detail::LayerNormForward(*L.post_layer_norm, Mat<T>(x + out), &s.post_ln);
   return s;
 }
 
@@ -209,13 +211,16 @@ Mat<T> Jvp(const AttentionLayer& L, const LayerState<T>& s, const Mat<T>& dx) {
     const Mat<T> dv = dz * detail::ValueMatrix<T>(L, h).transpose();
     dout += (dp * hs.v + hs.p * dv) * detail::Cast<T>(L.wo_head(h)).transpose();
   }
+  if (L.post_layer_norm) return detail::LayerNormJvp(*L.post_layer_norm, s.post_ln, Mat<T>(dx + dout));
   return L.layer_norm ? Mat<T>(dx + dout) : dout;
 }
 
 // J(x)^T u.
 template <class T>
-Mat<T> Vjp(const AttentionLayer& L, const LayerState<T>& s, const Mat<T>& u) {
+Mat<T> Vjp(const AttentionLayer& L, const LayerState<T>& s, const Mat<T>& u_out) {
   using std::sqrt;
+  // Post-LN: J^T u = (I + J_MHA^T) J_LN(y)^T u; below u is J_LN(y)^T u.
+  const Mat<T> u = L.post_layer_norm ? detail::LayerNormVjp(*L.post_layer_norm, s.post_ln, u_out) : u_out;
   const int n = int(u.rows());
   const T scale = T(1) / sqrt(T(L.head_dim_qk));
   Mat<T> gz = Mat<T>::Zero(n, L.d_model);
@@ -241,6 +246,7 @@ Mat<T> Vjp(const AttentionLayer& L, const LayerState<T>& s, const Mat<T>& u) {
     gz += gq * detail::Cast<T>(L.wq_head(h));
     gz += gv * detail::ValueMatrix<T>(L, h);
   }
+  if (L.post_layer_norm) return Mat<T>(u + gz);
   if (!L.layer_norm) return gz;
   return u + detail::LayerNormVjp(*L.layer_norm, s.ln, gz);
 }

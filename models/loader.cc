@@ -402,6 +402,18 @@ AttentionLayer LoadBert(const Checkpoint& ck, Config& cfg, const LoadOptions& op
     }
   }
   SetHeadWidths(L, file, p + "attention.self.query.weight", p + "attention.self.value.weight");
+  // The post-LN sublayer LN(X + MHA(X)) (BertSelfOutput; its dropout is the identity at inference).
+  const std::string lnw = p + "attention.output.LayerNorm.weight", lnb = p + "attention.output.LayerNorm.bias";
+  if (ck.Has(lnw) || ck.Has(lnb)) {
+    LayerNormParams ln;
+    ln.gamma = ck.Vector(Require(ck, lnw, "bert"));
+    ln.beta = ck.Vector(Require(ck, lnb, "bert"));
+    ln.eps = cfg.PositiveDouble("layer_norm_eps").value_or(1e-12);
+    L.post_layer_norm = ln;
+    L.tensor_names["post_ln.weight"] = lnw;
+    L.tensor_names["post_ln.bias"] = lnb;
+    L.tensor_names["post_ln.eps"] = cfg.Get("layer_norm_eps") ? cfg.path() + " layer_norm_eps" : "default (1e-12)";
+  }
   if (const auto hidden = cfg.PositiveInt("hidden_size"); hidden && *hidden != L.d_model)
     throw InputError(cfg.path(), "hidden_size", std::to_string(*hidden) + " disagrees with the checkpoint's D = " +
                                                     std::to_string(L.d_model));

@@ -79,6 +79,10 @@ class ForwardVectorsTest : public ::testing::TestWithParam<std::string> {
     opts.preset = preset_;
     opts.layer = layer_index_;
     model_ = LoadModel(ckpt_path_, opts);
+    // The stored bert references are MHA alone (BertSelfAttention + BertSelfOutput.dense,
+    // before its LayerNorm); the post-LN sublayer is checked in post_layer_norm_forward_test.cc.
+    if (Meta(vec_, "reference").find("BertSelfOutput.dense") != std::string::npos)
+      model_.layers[0].post_layer_norm.reset();
     ASSERT_EQ(model_.layers.size(), 1u);
     x_ = Get(vec_, vec_path_, "x");
   }
@@ -131,6 +135,26 @@ TEST_P(ForwardVectorsTest, JvpAndVjp) {
   RecordProperty("rel_diff_vjp", Sci(rel_jtu));
   EXPECT_LE(rel_jv, kRelTol);
   EXPECT_LE(rel_jtu, kRelTol);
+}
+
+// bert: the full post-LN sublayer equals LN(x + y_ref), the stored PyTorch MHA output y_ref
+// with the checkpoint's own attention.output.LayerNorm (written out here, row by row).
+TEST_P(ForwardVectorsTest, BertPostLayerNormOfTheReference) {
+  if (Meta(vec_, "reference").find("BertSelfOutput.dense") == std::string::npos) GTEST_SKIP() << "not bert";
+  LoadOptions opts;
+  opts.preset = preset_;
+  opts.layer = layer_index_;
+  const AttentionLayer full = LoadModel(ckpt_path_, opts).layers[0];
+  ASSERT_TRUE(full.post_ln());
+  const LayerNormParams& ln = *full.post_layer_norm;
+  const Eigen::MatrixXd yin = x_ + Get(vec_, vec_path_, "y");
+  Eigen::MatrixXd want(yin.rows(), yin.cols());
+  for (Eigen::Index i = 0; i < yin.rows(); ++i) {
+    const Eigen::RowVectorXd c = yin.row(i).array() - yin.row(i).mean();
+    want.row(i) = (c / std::sqrt(c.squaredNorm() / double(yin.cols()) + ln.eps)).cwiseProduct(ln.gamma.transpose()) +
+                  ln.beta.transpose();
+  }
+  EXPECT_LE(RelDiff(Forward(full, x_), want), 1e-11);
 }
 
 TEST_P(ForwardVectorsTest, DenseJacobian) {

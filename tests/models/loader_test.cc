@@ -344,8 +344,10 @@ Tensors BertTensors(std::mt19937_64& rng, const std::string& prefix, int layers,
       t[l + part + ".weight"] = MatrixTensor(Rand(rng, d, d));
       t[l + part + ".bias"] = VectorTensor(RandV(rng, d));
     }
-    // Parameters the loader must ignore.
+    // The post-LN of LN(X + MHA(X)), read into post_layer_norm.
     t[l + "attention.output.LayerNorm.weight"] = VectorTensor(RandV(rng, d));
+    t[l + "attention.output.LayerNorm.bias"] = VectorTensor(RandV(rng, d));
+    // Parameters the loader must ignore.
     t[l + "intermediate.dense.weight"] = MatrixTensor(Rand(rng, 2 * d, d));
   }
   t[prefix + "embeddings.word_embeddings.weight"] = MatrixTensor(Rand(rng, 10, d));

@@ -1,0 +1,185 @@
+#include "certify/post_layer_norm.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <stdexcept>
+
+#include "certify/layer_norm_cover.h"
+#include "certify/search.h"
+#include "certify/witness_eval.h"
+#include "models/forward.h"
+
+namespace lipcert {
+
+PostLayerNormBound ComposePostLayerNorm(const AttentionLayer& L, const TokenCover& cover, UpperBound mha_l2,
+                                        UpperBound mha_p, NormKind p, ExpBackend exp_backend) {
+  if (!L.post_ln()) throw std::invalid_argument("post_ln: the layer has no post-LN LayerNorm");
+  PostLayerNormBound out;
+  if (!std::isfinite(mha_l2.value()) || !std::isfinite(mha_p.value())) return out;
+  const AttentionLayer mha = L.WithoutPostLayerNorm();
+  const Eigen::Index n = cover.center.rows(), d = cover.center.cols();
+  // y0 = X0 + MHA(X0), enclosed; the cover's centre is the midpoint, the half-width folded in.
+  Eigen::MatrixXd lo, hi;
+  EncloseForward(mha, cover.center, exp_backend, &lo, &hi);
+  const double joint = JointRadiusUp(cover).value();
+  const double moved = MulUp(mha_l2.value(), joint);  // >= ||MHA(X) - MHA(X0)||_F >= its rows' norms
+  TokenCover& yc = out.y_cover;
+  yc.center.resize(n, d);
+  yc.radius.resize(n);
+  double err_all2 = 0;
+  for (Eigen::Index i = 0; i < n; ++i) {
+    double err2 = 0;
+    for (Eigen::Index a = 0; a < d; ++a) {
+      const double x = cover.center(i, a);
+      const double ylo = AddDown(x, lo(i, a)), yhi = AddUp(x, hi(i, a));
+      const double mid = 0.5 * ylo + 0.5 * yhi;
+      if (!std::isfinite(mid)) return out;
+      yc.center(i, a) = mid;
+      const double e = std::max(SubUp(yhi, mid), SubUp(mid, ylo));
+      err2 = AddUp(err2, MulUp(e, e));
+    }
+    err_all2 = AddUp(err_all2, err2);
+    yc.radius(i) = AddUp(AddUp(cover.radius(i), moved), SqrtUp(err2));
+  }
+  // ||Y - Y0c||_F <= ||X - X0||_F + ||MHA(X) - MHA(X0)||_F + ||err||.
+  yc.frobenius = UpperBound(AddUp(AddUp(joint, moved), SqrtUp(err_all2)));
+  // sup ||J_LN(y_i)||_p per token over its ball: the pre-LN machinery with the post-LN's parameters.
+  AttentionLayer ln_only = mha;
+  ln_only.layer_norm = *L.post_layer_norm;
+  const MhaInput in = MhaInputOver(ln_only, yc, p);
+  out.ln_upper = UpperBound(in.ell.maxCoeff());  // J_LN(Y) is block-diagonal: its norm is the largest block's
+  out.upper = UpperBound(MulUp(out.ln_upper.value(), AddUp(1.0, mha_p.value())));
+  return out;
+}
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double SecondsSince(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+// A few power iterations of J_f^T J_f at x from v (norm 2): a direction to re-evaluate.
+Eigen::MatrixXd PowerDirection(const AttentionLayer& L, const Eigen::MatrixXd& x, Eigen::MatrixXd v, int steps) {
+  const LayerState<double> s = Evaluate<double>(L, x);
+  for (int k = 0; k < steps; ++k) {
+    const Eigen::MatrixXd w = Vjp<double>(L, s, Jvp<double>(L, s, v));
+    const double nw = w.norm();
+    if (!(nw > 0) || !std::isfinite(nw)) break;
+    v = w / nw;
+  }
+  return v;
+}
+
+// The l_inf direction of the largest row sum of |J_f(x)| among the rows of the token with
+// the largest output change along v (rows r of J_f: J_f^T e_r by one VJP each).
+Eigen::MatrixXd InfDirection(const AttentionLayer& L, const Eigen::MatrixXd& x, const Eigen::MatrixXd& v) {
+  const LayerState<double> s = Evaluate<double>(L, x);
+  const Eigen::MatrixXd jv = Jvp<double>(L, s, v);
+  Eigen::Index ti = 0, ta = 0;
+  jv.cwiseAbs().maxCoeff(&ti, &ta);
+  Eigen::MatrixXd best = v;
+  double best_sum = -1;
+  for (Eigen::Index a = 0; a < x.cols(); ++a) {
+    Eigen::MatrixXd e = Eigen::MatrixXd::Zero(x.rows(), x.cols());
+    e(ti, a) = 1;
+    const Eigen::MatrixXd row = Vjp<double>(L, s, e);
+    const double sum = row.cwiseAbs().sum();
+    if (sum > best_sum) {
+      best_sum = sum;
+      best = row.unaryExpr([](double t) { return t >= 0 ? 1.0 : -1.0; });
+    }
+  }
+  return best;
+}
+
+}  // namespace
+
+Certificate CertifyPostLayerNorm(const AttentionLayer& L, const InputSet& set, const CertifyOptions& o,
+                                 const Provenance& provenance) {
+  if (!L.post_ln()) throw std::invalid_argument("post_ln: the layer has no post-LN LayerNorm");
+  const auto start = Clock::now();
+  const AttentionLayer mha = L.WithoutPostLayerNorm();
+  // The MHA alone: 80% of the time in norm 2 (it sizes the cover of Y), split with the
+  // norm asked for when that is inf; the rest for the witness on f.
+  CertifyOptions mo = o;
+  mo.on_improvement = nullptr;
+  mo.progress = false;  // its figures are MHA's, not f's
+  mo.norm = NormKind::kL2;
+  mo.time_limit_s = o.time_limit_s * (o.norm == NormKind::kL2 ? 0.8 : 0.4);
+  const Certificate c2 = Certify(mha, set, mo, provenance);
+  Certificate cp = c2;
+  if (o.norm != NormKind::kL2) {
+    mo.norm = o.norm;
+    cp = Certify(mha, set, mo, provenance);
+  }
+  const TokenCover cover = CoverOf(set);
+  const auto t_compose = Clock::now();
+  const PostLayerNormBound b = ComposePostLayerNorm(L, cover, c2.upper_bound, cp.upper_bound, o.norm);
+  const double compose_s = SecondsSince(t_compose);
+
+  Certificate c = cp;  // the layer's shape, the set, the numerics and provenance
+  c.layer_norm = false;
+  c.post_layer_norm = true;
+  c.invertibility = {};  // the invertibility of X + g(X) is a pre-LN notion
+  c.engines.clear();
+  c.upper_bound = b.upper;
+  const auto engines_of = [](const Certificate& m) {
+    std::string s;
+    for (const EngineResult& e : m.engines)
+      if (e.applied && e.upper.value() == m.upper_bound.value()) return e.name;
+    return s;
+  };
+  std::string note = "ln_upper " + std::to_string(b.ln_upper.value()) + " * (1 + mha_upper " +
+                     std::to_string(cp.upper_bound.value()) + " [" + engines_of(cp) + "])";
+  if (o.norm != NormKind::kL2) note += "; cover from mha_upper(l2) " + std::to_string(c2.upper_bound.value());
+  c.engines.push_back({"post_ln_composition", b.upper, compose_s, note, true, {}});
+
+  // Witness on f: every candidate re-evaluated rigorously at a point certainly in the set.
+  c.lower_bound = LowerBound(0);
+  c.witness = Witness{};
+  const auto consider = [&](const Eigen::MatrixXd& x, const Eigen::MatrixXd& v, const std::string& origin) {
+    if (!x.allFinite() || !v.allFinite() || v.cwiseAbs().maxCoeff() == 0 || !CertainlyInSet(set, x)) return;
+    const LowerBound lb = WitnessLowerBound(L, x, v, o.norm);
+    if (lb.value() > c.lower_bound.value()) {
+      c.lower_bound = lb;
+      c.witness = Witness{x, v, lb.value(), lb, origin};
+    }
+  };
+  std::vector<std::pair<Eigen::MatrixXd, std::string>> points = {{set.center, "centre"}};
+  if (cp.witness.x.size()) points.push_back({cp.witness.x, "mha:" + cp.witness.origin});
+  if (c2.witness.x.size() && o.norm != NormKind::kL2) points.push_back({c2.witness.x, "mha:" + c2.witness.origin});
+  for (const auto& [x, origin] : points) {
+    const Eigen::MatrixXd v0 = cp.witness.v.size() ? cp.witness.v : Eigen::MatrixXd::Ones(x.rows(), x.cols());
+    consider(x, v0, origin);
+    if (SecondsSince(start) > o.time_limit_s) break;
+    const Eigen::MatrixXd v2 = PowerDirection(L, x, v0 / v0.norm(), 30);
+    if (o.norm == NormKind::kL2)
+      consider(x, v2, "power:" + origin);
+    else
+      consider(x, InfDirection(L, x, v2), "row:" + origin);
+  }
+  // The search on f itself with what is left: its ascent follows MHA's Jacobian (the
+  // kernels evaluator knows MHA only), its final witness is re-evaluated on f.
+  if (const double left = 0.9 * (o.time_limit_s - SecondsSince(start)); left > 0.05) {
+    SearchOptions so;
+    so.norm = o.norm;
+    so.seed = o.seed;
+    so.threads = o.threads;
+    so.max_rounds = o.search.max_rounds;
+    so.time_limit_s = left;
+    const Witness w = SearchLowerBound(L, set, so).best;
+    if (w.lower_bound.value() > c.lower_bound.value()) {
+      c.lower_bound = w.lower_bound;
+      c.witness = w;
+      c.witness.origin = "search:" + w.origin;
+    }
+  }
+  c.status = c.upper_bound.value() <= MulDown(c.lower_bound.value(), 1 + o.tolerance) ? CertificateStatus::kTolerance
+                                                                                     : cp.status;
+  c.elapsed_s = SecondsSince(start);
+  if (o.on_improvement) o.on_improvement(c);
+  return c;
+}
+
+}  // namespace lipcert

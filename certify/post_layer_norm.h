@@ -1,0 +1,43 @@
+// The BERT-family post-LN sublayer f(X) = LN(X + MHA(X)) (docs/engines.md, "Post-LN
+// composition"). Its Jacobian is J_f(X) = J_LN(Y) (I + J_MHA(X)), Y = X + MHA(X), so over a
+// convex set S with X0 in S
+//   sup_S ||J_f||_p <= sup_{Y in cover(Y)} ||J_LN(Y)||_p * (1 + U_p),
+// U_p >= sup_S ||J_MHA||_p certified by the whole pipeline on MHA alone, and cover(Y) the
+// per-token balls ||y_i - y0_i|| <= r_i + U_2 R_joint + err_i (the mean value theorem in the
+// Frobenius norm; y0 = X0 + MHA(X0) enclosed in interval arithmetic, err_i its half-width).
+// ||J_LN(y)||_2 <= max|gamma| / sigma(y) and ||J_LN(y)||_inf by row sums
+// (certify/layer_norm_cover.h), sigma bounded below over each ball.
+#pragma once
+
+#include <functional>
+
+#include "certify/certificate.h"
+#include "certify/certify.h"
+#include "certify/input_set.h"
+#include "certify/token_cover.h"
+#include "interval/elementary.h"
+#include "interval/rounding.h"
+#include "models/attention_layer.h"
+
+namespace lipcert {
+
+struct PostLayerNormBound {
+  UpperBound upper{kInf};       // >= sup over the cover of ||J_f||_p
+  UpperBound ln_upper{kInf};    // >= sup over cover(Y) of ||J_LN(Y)||_p (block-diagonal)
+  TokenCover y_cover;           // the cover of Y = X + MHA(X)
+};
+
+// The composition above. `mha_l2` >= sup over the cover of ||J_MHA||_2 (needed for the cover
+// of Y whatever the norm), `mha_p` the same in the norm p. Throws std::invalid_argument when
+// `layer` has no post-LN.
+PostLayerNormBound ComposePostLayerNorm(const AttentionLayer& layer, const TokenCover& cover, UpperBound mha_l2,
+                                        UpperBound mha_p, NormKind p, ExpBackend exp_backend = DefaultExpBackend());
+
+// Certify() for a post-LN layer: the MHA-only layer is certified (norm 2, and the norm
+// asked for when it is inf) with most of the time, the bounds composed, and the witness
+// (the MHA's witness and power iterations of J_f^T J_f at it and at the centre) evaluated
+// rigorously on f itself. Called by Certify() for layers with post_layer_norm.
+Certificate CertifyPostLayerNorm(const AttentionLayer& layer, const InputSet& set, const CertifyOptions& opts,
+                                 const Provenance& provenance);
+
+}  // namespace lipcert

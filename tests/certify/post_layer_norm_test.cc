@@ -1,0 +1,226 @@
+// The post-LN sublayer LN(X + MHA(X)) (certify/post_layer_norm.h): the composed bound is >=
+// the MPFR-evaluated ||J_f(X) v|| / ||v|| at random points X of the set (v the top singular
+// vector of the dense double Jacobian there, or its largest row's signs for norm inf); the
+// witness is rigorous (<= the MPFR value) and <= the bound; the bert checkpoint loads its
+// post-LN, `attention_only` drops it, and the pipeline certifies the full sublayer.
+#include "certify/post_layer_norm.h"
+
+#include <gtest/gtest.h>
+#include <mpreal.h>
+
+#include <random>
+#include <unsupported/Eigen/MPRealSupport>
+
+#include "certify/block_norm_engine.h"
+#include "certify/centred_engine.h"
+#include "certify/pipeline.h"
+#include "certify/search.h"
+#include "certify/witness_eval.h"
+#include "models/forward.h"
+#include "models/random_layer.h"
+#include "tests/common/test_scale.h"
+
+namespace lipcert {
+
+template <>
+struct ScalarToDouble<mpfr::mpreal> {
+  static double Get(const mpfr::mpreal& v) { return v.toDouble(); }
+};
+
+namespace {
+
+using mpfr::mpreal;
+using M = Eigen::Matrix<mpreal, Eigen::Dynamic, Eigen::Dynamic>;
+
+AttentionLayer RandomPostLn(int c, std::mt19937_64& rng) {
+  RandomLayerSpec spec;
+  spec.kind = c % 2 ? AttentionKind::kL2 : AttentionKind::kDot;
+  spec.causal = c % 3 == 1;
+  spec.biases = c % 4 != 3;
+  spec.layer_norm = true;
+  spec.d = 3 + c % 3;
+  spec.heads = 1 + c % 2;
+  spec.dk = 2;
+  spec.qk_scale = 1 + c % 3;
+  AttentionLayer L = RandomAttentionLayer(spec, rng);
+  L.post_layer_norm = L.layer_norm;
+  L.layer_norm.reset();
+  return L;
+}
+
+// ||J_f(x) v|| / ||v|| at 256 bits, in the norm.
+double ExactRatio(const AttentionLayer& L, const Eigen::MatrixXd& x, const Eigen::MatrixXd& v, NormKind norm) {
+  const M xm = x.cast<mpreal>(), vm = v.cast<mpreal>();
+  const M y = Jvp<mpreal>(L, Evaluate<mpreal>(L, xm), vm);
+  mpreal a = 0, b = 0;
+  for (Eigen::Index k = 0; k < y.size(); ++k) {
+    if (norm == NormKind::kL2) a += y(k) * y(k), b += vm(k) * vm(k);
+    else a = mpfr::max(a, mpfr::abs(y(k))), b = mpfr::max(b, mpfr::abs(vm(k)));
+  }
+  return norm == NormKind::kL2 ? (mpfr::sqrt(a) / mpfr::sqrt(b)).toDouble(MPFR_RNDD) : (a / b).toDouble(MPFR_RNDD);
+}
+
+// A direction that nearly attains ||J_f(x)||: top right singular vector (l2) or the signs of
+// the largest absolute row (inf), from the dense double Jacobian.
+Eigen::MatrixXd TopDirection(const AttentionLayer& L, const Eigen::MatrixXd& x, NormKind norm) {
+  const Eigen::MatrixXd j = DenseJacobian<double>(L, x);
+  const int n = int(x.rows()), d = int(x.cols());
+  Eigen::VectorXd v;
+  if (norm == NormKind::kL2) {
+    v = Eigen::JacobiSVD<Eigen::MatrixXd>(j, Eigen::ComputeFullV).matrixV().col(0);
+  } else {
+    Eigen::Index r = 0;
+    j.cwiseAbs().rowwise().sum().maxCoeff(&r);
+    v = j.row(r).transpose().unaryExpr([](double t) { return t >= 0 ? 1.0 : -1.0; });
+  }
+  return Eigen::Map<const Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>>(v.data(), n, d);
+}
+
+Eigen::MatrixXd RandomPointIn(const InputSet& set, std::mt19937_64& rng) {
+  std::normal_distribution<double> g;
+  std::uniform_real_distribution<double> u(0, 1);
+  Eigen::MatrixXd dx = Eigen::MatrixXd::NullaryExpr(set.center.rows(), set.center.cols(), [&] { return g(rng); });
+  dx *= set.radius * std::pow(u(rng), 0.2) / dx.norm();
+  return set.Project(set.center + dx);
+}
+
+// The composition with MHA bounded by the block-norm / centred engines: many cases, cheap.
+TEST(PostLayerNorm, ComposedBoundDominatesMpfrValuesAtRandomPoints) {
+  std::mt19937_64 rng(2024);
+  std::normal_distribution<double> g;
+  const long cases = testing::Count(24);
+  long points = 0, layers = 0;
+  for (long c = 0; c < cases; ++c) {
+    const AttentionLayer L = RandomPostLn(int(c), rng);
+    const AttentionLayer mha = L.WithoutPostLayerNorm();
+    InputSet set;
+    set.kind = c % 3 == 2 ? SetKind::kTokens : SetKind::kBall;
+    set.center = Eigen::MatrixXd::NullaryExpr(3 + c % 2, L.d_model, [&] { return g(rng); });
+    set.radius = c % 5 == 0 ? 0.0 : 0.02 * double(1 + c % 4);
+    const TokenCover cover = CoverOf(set);
+    for (NormKind norm : {NormKind::kL2, NormKind::kLinf}) {
+      BoundOptions bo;
+      bo.norm = NormKind::kL2;
+      UpperBound u2 = BlockNormBound(mha, cover, bo).upper;
+      if (CentredEngineRefusal(mha, set.tokens(), bo).empty()) u2 = Min(u2, CentredBound(mha, cover, bo).upper);
+      bo.norm = norm;
+      const UpperBound up = norm == NormKind::kL2 ? u2 : BlockNormBound(mha, cover, bo).upper;
+      const PostLayerNormBound b = ComposePostLayerNorm(L, cover, u2, up, norm);
+      ASSERT_TRUE(std::isfinite(b.upper.value())) << "case " << c;
+      for (int k = 0; k < 4; ++k) {
+        const Eigen::MatrixXd x = k == 0 ? set.center : RandomPointIn(set, rng);
+        const Eigen::MatrixXd v = TopDirection(L, x, norm);
+        const double exact = ExactRatio(L, x, v, norm);
+        EXPECT_LE(exact, b.upper.value()) << "case " << c << " point " << k << " norm " << NormKindToString(norm);
+        // The rigorous witness value never exceeds the exact one.
+        const LowerBound w = WitnessLowerBound(L, x, v, norm);
+        EXPECT_LE(w.value(), exact);
+        EXPECT_GT(w.value(), exact * (1 - 1e-8));
+        ++points;
+      }
+    }
+    ++layers;
+  }
+  EXPECT_EQ(layers, cases);
+  EXPECT_EQ(points, 8 * cases);
+}
+
+// The whole pipeline on post-LN layers: lower (rigorous) <= MPFR values <= upper.
+TEST(PostLayerNorm, CertifyWitnessBelowBoundAndBoundAboveMpfr) {
+  std::mt19937_64 rng(99);
+  std::normal_distribution<double> g;
+  const long cases = testing::Count(4);
+  long checked = 0;
+  for (long c = 0; c < cases; ++c) {
+    const AttentionLayer L = RandomPostLn(int(c), rng);
+    InputSet set;
+    set.center = Eigen::MatrixXd::NullaryExpr(3, L.d_model, [&] { return g(rng); });
+    set.radius = 0.05;
+    CertifyOptions o;
+    o.time_limit_s = 0.6;
+    o.norm = c % 2 ? NormKind::kLinf : NormKind::kL2;
+    const Certificate cert = Certify(L, set, o, Provenance{});
+    EXPECT_TRUE(cert.post_layer_norm);
+    EXPECT_FALSE(cert.layer_norm);
+    ASSERT_TRUE(std::isfinite(cert.upper_bound.value()));
+    EXPECT_GT(cert.lower_bound.value(), 0);
+    EXPECT_LE(cert.lower_bound.value(), cert.upper_bound.value());
+    ASSERT_EQ(cert.engines.size(), 1u);
+    EXPECT_EQ(cert.engines[0].name, "post_ln_composition");
+    ASSERT_TRUE(set.Contains(cert.witness.x));
+    EXPECT_LE(cert.lower_bound.value(), ExactRatio(L, cert.witness.x, cert.witness.v, o.norm));
+    for (int k = 0; k < 3; ++k) {
+      const Eigen::MatrixXd x = RandomPointIn(set, rng);
+      EXPECT_LE(ExactRatio(L, x, TopDirection(L, x, o.norm), o.norm), cert.upper_bound.value());
+    }
+    ++checked;
+  }
+  EXPECT_EQ(checked, cases);
+}
+
+// SearchLowerBound given a post-LN layer directly: its witness is re-evaluated on f, so it
+// stays a proven lower bound (<= the MPFR value, <= the composed bound).
+TEST(PostLayerNorm, SearchWitnessOnThePostLnLayerIsBelowTheBound) {
+  std::mt19937_64 rng(7);
+  std::normal_distribution<double> g;
+  const long cases = testing::Count(4);
+  long checked = 0;
+  for (long c = 0; c < cases; ++c) {
+    const AttentionLayer L = RandomPostLn(int(c), rng);
+    InputSet set;
+    set.center = Eigen::MatrixXd::NullaryExpr(3, L.d_model, [&] { return g(rng); });
+    set.radius = 0.1;
+    const NormKind norm = c % 2 ? NormKind::kLinf : NormKind::kL2;
+    SearchOptions so;
+    so.norm = norm;
+    so.max_rounds = 1;
+    so.time_limit_s = 0.5;
+    so.threads = 1;
+    const SearchResult sr = SearchLowerBound(L, set, so);
+    const TokenCover cover = CoverOf(set);
+    BoundOptions bo;
+    const UpperBound u2 = BlockNormBound(L.WithoutPostLayerNorm(), cover, bo).upper;
+    bo.norm = norm;
+    const UpperBound up = BlockNormBound(L.WithoutPostLayerNorm(), cover, bo).upper;
+    const PostLayerNormBound b = ComposePostLayerNorm(L, cover, u2, up, norm);
+    ASSERT_GT(sr.best.lower_bound.value(), 0) << "case " << c;
+    EXPECT_LE(sr.best.lower_bound.value(), b.upper.value());
+    EXPECT_LE(sr.best.lower_bound.value(), ExactRatio(L, sr.best.x, sr.best.v, norm));
+    ++checked;
+  }
+  EXPECT_EQ(checked, cases);
+}
+
+TEST(PostLayerNorm, BertCheckpointFullSublayerAndAttentionOnly) {
+  CertifyRequest r;
+  r.model.path = std::string(LIPCERT_SOURCE_DIR) + "/tests/data/checkpoints/bert";
+  r.model.layer = 1;
+  r.set.centre = "zero";
+  r.set.tokens = 4;
+  r.set.kind = SetKind::kBall;
+  r.set.radius = 0.01;
+  r.options.time_limit_s = 1;
+  PreparedJob full = PrepareJob(r);
+  ASSERT_TRUE(full.Layer().post_ln());
+  std::mt19937_64 rng(5);
+  std::normal_distribution<double> g;
+  full.set.center = Eigen::MatrixXd::NullaryExpr(4, full.Layer().d_model, [&] { return g(rng); });
+  const CertifyOutcome out = RunJob(full);
+  EXPECT_TRUE(out.certificate.post_layer_norm);
+  EXPECT_TRUE(std::isfinite(out.certificate.upper_bound.value()));
+  EXPECT_GT(out.certificate.lower_bound.value(), 0);
+  EXPECT_LE(out.certificate.lower_bound.value(), out.certificate.upper_bound.value());
+  EXPECT_EQ(ToJson(out.certificate)["layer"]["post_layer_norm"], true);
+
+  r.model.attention_only = true;
+  PreparedJob mha = PrepareJob(r);
+  EXPECT_FALSE(mha.Layer().post_ln());
+  EXPECT_FALSE(mha.Layer().layer_norm.has_value());
+  mha.set.center = full.set.center;
+  const CertifyOutcome mout = RunJob(mha);
+  EXPECT_FALSE(mout.certificate.post_layer_norm);
+  EXPECT_EQ(ToJson(mout.certificate)["layer"]["post_layer_norm"], false);
+}
+
+}  // namespace
+}  // namespace lipcert
