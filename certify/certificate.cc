@@ -47,7 +47,7 @@ nlohmann::json ToJson(const Certificate& c) {
   j["layer"] = {{"kind", AttentionKindToString(c.kind)},         {"d_model", c.d_model},       {"heads", c.heads},
                 {"head_dim_qk", c.head_dim_qk}, {"head_dim_v", c.head_dim_v}, {"causal", c.causal},
                 {"layer_norm", c.layer_norm},   {"biases", c.biases},
-                {"post_layer_norm", c.post_layer_norm}};  // postln branch
+                {"post_layer_norm", c.post_layer_norm}};
   j["set"] = {{"kind", SetKindToString(c.set)},
               {"radius", c.radius},
               {"tokens", c.tokens},

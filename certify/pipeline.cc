@@ -35,7 +35,7 @@ PreparedJob PrepareJob(const CertifyRequest& r, LoadedModel model) {
   job.layer = SelectLayer(job.model, r.model.layer);
   if (r.model.attention_only) {
     AttentionLayer& sel = job.model.layers[job.layer];
-    if (sel.residual() || sel.post_ln()) {  // post-LN (postln branch): MHA alone for both kinds
+    if (sel.residual() || sel.post_ln()) {  // MHA alone for both LayerNorm placements
       sel.layer_norm.reset();
       sel.post_layer_norm.reset();
     } else
