@@ -61,6 +61,32 @@ TEST(CentredEngineTest, BreakdownTermsAddUpToTheBound) {
   EXPECT_GT(with_layer_norm, 0);
 }
 
+// The centre_norm engine at a vanishing radius is ||J(X0)|| (MPFR) to 1e-6, its terms add up
+// to its bound in order, and it is sound at the centre itself.
+TEST(CentredEngineTest, CentreNormEngineIsExactAtTheCentreAndAddsItsTerms) {
+  mpfr::mpreal::set_default_prec(256);
+  std::mt19937_64 rng(77);
+  const int cases = int(60 * TestScale());
+  int checked = 0;
+  for (int t = 0; t < cases; ++t) {
+    Case c = RandomCase(rng);
+    c.set.radius = 1e-12;
+    BoundOptions o;
+    const double exact = JacobianNormMp(c.layer, c.set.center, NormKind::kL2);
+    const EngineBound b = CentreNormBound(c.layer, CoverOf(c.set), o, long(1) << 30);
+    ASSERT_FALSE(b.timed_out);
+    EXPECT_GE(b.upper.value(), exact * (1 - 1e-12)) << "case " << t;
+    EXPECT_LE(b.upper.value(), exact * (1 + 1e-6) + 1e-9) << "case " << t;
+    ASSERT_EQ(b.terms.size(), c.layer.residual() ? 4u : 2u);
+    double sum = 0;
+    for (const BoundTerm& term : b.terms) sum = AddUp(sum, term.value.value());
+    EXPECT_EQ(sum, b.upper.value()) << "case " << t;
+    ++checked;
+  }
+  EXPECT_EQ(checked, cases);
+  EXPECT_GT(checked, 0);
+}
+
 TEST(CentredEngineTest, PassedDeadlineGivesInfinityAndTimedOut) {
   std::mt19937_64 rng(53);
   for (int t = 0; t < 20; ++t) {

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "certify/jacobian_bounds.h"
+#include "certify/centred_engine.h"
 #include "certify/closed_form.h"
 #include "certify/search.h"
 #include "tests/certify/engine_cases.h"
@@ -35,6 +36,14 @@ TEST(JacobianBoundsTest, UpperBoundsDominateWitnessedLowerBounds) {
     if (c.norm == NormKind::kL2) {
       const double centred = CentredUpperBound(c.layer, cover, o).value();
       ASSERT_GE(centred, lower * (1 - 1e-12)) << "centred engine, case " << t;
+      // The pipeline's centre_norm engine, with one dense centre certificate and with
+      // token super-blocks (centre_dense_limit 0).
+      for (long centre_dense_limit : {long(1) << 30, 0L}) {
+        const EngineBound cn = CentreNormBound(c.layer, cover, o, centre_dense_limit);
+        ASSERT_FALSE(cn.timed_out);
+        ASSERT_GE(cn.upper.value(), lower * (1 - 1e-12))
+            << "centre_norm engine (dense limit " << centre_dense_limit << "), case " << t;
+      }
       ++centred_cases;
     }
   }
