@@ -192,12 +192,8 @@ SweepSummary RunSweep(const SweepOptions& o) {
                           PointKey(lm.sha256, layer, o.set, relative, r, tokens, o.norm, o.attention_only, centre)});
         }
   }
-  // Validate one request per (model, layer) now (centre file, shapes), not at its first point.
-  std::map<std::string, bool> checked;
-  for (const PlannedPoint& p : plan) {
-    const std::string mk = std::to_string(p.model) + "/" + std::to_string(p.layer) + "/" + std::to_string(p.tokens);
-    if (checked[mk]) continue;
-    checked[mk] = true;
+  // The request of one planned point (validated for every (model, layer, tokens) below).
+  auto request_of = [&](const PlannedPoint& p) {
     CertifyRequest r;
     r.model = {o.models[p.model], o.preset, p.layer, o.heads, o.attention_only};
     r.set.kind = o.set;
@@ -207,7 +203,16 @@ SweepSummary RunSweep(const SweepOptions& o) {
     r.options.norm = o.norm;
     r.options.time_limit_s = o.time_limit_per_point_s;
     r.options.threads = o.threads;
-    (void)PrepareJob(r, models[p.model]);
+    r.options.progress = false;
+    return r;
+  };
+  // Validate one request per (model, layer) now (centre file, shapes), not at its first point.
+  std::map<std::string, bool> checked;
+  for (const PlannedPoint& p : plan) {
+    const std::string mk = std::to_string(p.model) + "/" + std::to_string(p.layer) + "/" + std::to_string(p.tokens);
+    if (checked[mk]) continue;
+    checked[mk] = true;
+    (void)PrepareJob(request_of(p), models[p.model]);
   }
   std::set<std::string> planned;
   for (const PlannedPoint& p : plan) planned.insert(p.key);
@@ -257,16 +262,7 @@ SweepSummary RunSweep(const SweepOptions& o) {
                  summary.total);
   for (const PlannedPoint& p : plan) {
     if (done.count(p.key)) continue;
-    CertifyRequest r;
-    r.model = {o.models[p.model], o.preset, p.layer, o.heads, o.attention_only};
-    r.set.kind = o.set;
-    r.set.centre = o.centres.size() == 1 ? o.centres[0] : o.centres[p.model];
-    r.set.tokens = p.tokens;
-    (relative ? r.set.relative_radius : r.set.radius) = p.radius;
-    r.options.norm = o.norm;
-    r.options.time_limit_s = o.time_limit_per_point_s;
-    r.options.threads = o.threads;
-    r.options.progress = false;
+    const CertifyRequest r = request_of(p);
     PreparedJob job = PrepareJob(r, models[p.model]);
     job.options.on_improvement = [&progress](const Certificate& c) { progress.Improved(c); };
     char what[256];
