@@ -88,6 +88,25 @@ IntervalMatrix CentreJacobianEnclosure(const AttentionLayer& layer, const Eigen:
 UpperBound NormL2UpperGram(const IntervalMatrix& a, int threads = 0, double* estimate = nullptr,
                            std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max());
 
+// ||J(x0)||_inf (the largest absolute row sum), certified from both sides from the same
+// enclosure, streamed in token tiles of block_limit rows (never all of J in memory):
+// lower = max_r sum_c max(0, |mid_rc| - rad_rc) <= ||J(x0)||_inf <= max_r sum_c (|mid_rc| + rad_rc)
+// = upper, with the floating sums' rounding bounded (Higham: n nonnegative terms within
+// gamma_n relative) and T eta for underflow. `row` is the row of the largest lower sum
+// (row-major flattening i*D + a), the one a witness should take. Cost: the assembly alone
+// (no Gram, no Cholesky), checked against the deadline between tiles.
+struct CentreInfNormBounds {
+  UpperBound upper{kInf};
+  LowerBound lower{0.0};
+  int row = -1;
+  double seconds = 0;
+  bool timed_out = false;  // the deadline passed: upper = +inf, lower = 0, row = -1
+};
+CentreInfNormBounds CentreJacobianInfNormBounds(const AttentionLayer& layer, const Eigen::MatrixXd& x0,
+                                                const CentreNormOptions& opts = {});
+// Its predicted seconds on an idle 2-core machine (the assembly).
+double CentreInfNormSecondsEstimate(const AttentionLayer& layer, int tokens);
+
 // The model above, in seconds, for a layer of N tokens under these options.
 double CentreNormSecondsEstimate(const AttentionLayer& layer, int tokens, const CentreNormOptions& opts = {});
 

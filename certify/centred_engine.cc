@@ -47,7 +47,9 @@ double CentredEngineSecondsEstimate(const AttentionLayer& layer, int tokens, dou
 CentredVariation CentredVariationBound(const AttentionLayer& L, const TokenCover& cover, const BoundOptions& opts) {
   const int n = int(cover.center.rows());
   CentredVariation v;
-  const NormKind p = NormKind::kL2;
+  // Every factor and block bound is in the engine's norm p (its dual q where the factor is
+  // a row vector: ||a g^T||_p = ||a||_p ||g||_q), the motions rho in the 2-norm.
+  const NormKind p = opts.norm;
   v.in = MhaInputOver(L, cover, p);
   const MhaInput& in = v.in;
   std::vector<HeadGeometry>& geo = v.geo;
@@ -123,8 +125,9 @@ CentredVariation CentredVariationBound(const AttentionLayer& L, const TokenCover
     for (int i = 0; i < n; ++i) s = AddUp(s, all(i, j));
     col_max = std::max(col_max, MulUp(s, in.ell(j)));
   }
-  // ||B||_2 <= sqrt(||B||_inf ||B||_1) for the block-bound matrix B.
-  const double schur = SqrtUp(MulUp(row_sum.maxCoeff(), col_max));
+  // ||B||_2 <= sqrt(||B||_inf ||B||_1) for the block-bound matrix B; in the inf norm the
+  // block-row sums bound ||J(X) - J(X0)||_inf themselves.
+  const double schur = p == NormKind::kL2 ? SqrtUp(MulUp(row_sum.maxCoeff(), col_max)) : row_sum.maxCoeff();
   const double value_path = MulUp(kron, ell_max);
   const double logit_path = ScaledNonnegNormUp(rd, in.ell, PrimalNorm(p));
   const double split = AddUp(value_path, logit_path);
@@ -132,14 +135,15 @@ CentredVariation CentredVariationBound(const AttentionLayer& L, const TokenCover
   const double variation = std::min({split, joint, schur});
   v.route = variation == split ? "variation sup ||J(X) - J(X0)|| (value path + logit path)"
             : variation == joint ? "variation sup ||J(X) - J(X0)|| (joint block-bound norm)"
-                                 : "variation sup ||J(X) - J(X0)|| (row and column sums)";
+            : p == NormKind::kL2               ? "variation sup ||J(X) - J(X0)|| (row and column sums)"
+                                                 : "variation sup ||J(X) - J(X0)|| (block-row sums)";
   v.variation = UpperBound(variation);
   v.alternatives = {
       {"variation, value path ||dP (x) W|| x LayerNorm factor max_j ell_j", UpperBound(value_path)},
       {"variation, logit path and diagonal E_i: ||R diag(ell)||", UpperBound(logit_path)},
       {"variation, value path + logit path", UpperBound(split)},
       {"variation, joint block-bound norm", UpperBound(joint)},
-      {"variation, row and column sums", UpperBound(schur)},
+      {p == NormKind::kL2 ? "variation, row and column sums" : "variation, block-row sums", UpperBound(schur)},
       {"LayerNorm factor max_j ell_j", UpperBound(ell_max)},
   };
   v.complete = true;
@@ -197,7 +201,7 @@ UpperBound CentredUpperBound(const AttentionLayer& layer, const TokenCover& cove
 }
 
 std::string CentreNormEngineRefusal(const BoundOptions& opts) {
-  return opts.norm == NormKind::kL2 ? "" : "norm 2 only";
+  return opts.norm == NormKind::kL2 || opts.norm == NormKind::kLinf ? "" : "norms 2 and inf only";
 }
 
 namespace {
@@ -211,10 +215,12 @@ CentreNormOptions CentreNormOptionsOf(const BoundOptions& opts, long centre_dens
 }
 }  // namespace
 
-double CentreNormEngineSecondsEstimate(const AttentionLayer& layer, int tokens, long centre_dense_limit) {
+double CentreNormEngineSecondsEstimate(const AttentionLayer& layer, int tokens, long centre_dense_limit,
+                                        NormKind norm) {
   CentreNormOptions c;
   c.dense_limit = centre_dense_limit;
-  const double one = CentreNormSecondsEstimate(layer, tokens, c);
+  const double one = norm == NormKind::kLinf ? CentreInfNormSecondsEstimate(layer, tokens)
+                                             : CentreNormSecondsEstimate(layer, tokens, c);
   return layer.layer_norm ? 2 * one : one;  // the sublayer certifies ||J_M(zc)|| too
 }
 
@@ -226,9 +232,27 @@ EngineBound CentreNormBound(const AttentionLayer& L, const TokenCover& cover, co
   const CentredVariation v = CentredVariationBound(L, cover, opts);
   if (!v.complete) return TimedOutBound(kName);
   const CentreNormOptions co = CentreNormOptionsOf(opts, centre_dense_limit);
+  const bool inf = opts.norm == NormKind::kLinf;
+  // ||J(X0)||_p: norm 2 by the Gram/Cholesky certificate (or super-blocks), norm inf by the
+  // enclosure's row sums (exact to the enclosure's width at any size).
   CentreNormReport report;
-  const UpperBound centre_norm = CentreJacobianNormUpperBound(L, cover.center, co, &report);
-  if (report.timed_out) return TimedOutBound(kName);
+  CentreInfNormBounds inf_report;
+  auto centre_norm_of = [&](const CentreNormOptions& c, bool* timed_out) {
+    if (!inf) {
+      const UpperBound u = CentreJacobianNormUpperBound(L, cover.center, c, &report);
+      *timed_out = report.timed_out;
+      return u;
+    }
+    const CentreInfNormBounds b = CentreJacobianInfNormBounds(L, cover.center, c);
+    *timed_out = b.timed_out;
+    if (!c.mha_only) inf_report = b;
+    return b.upper;
+  };
+  bool timed_out = false;
+  const UpperBound centre_norm = centre_norm_of(co, &timed_out);
+  if (timed_out) return TimedOutBound(kName);
+  // delta_ln is a 2-norm bound on D x D matrices; ||A||_inf <= sqrt(D) ||A||_2.
+  const double ln_delta_p = inf ? MulUp(SqrtUp(double(L.d_model)), v.in.delta_ln.maxCoeff()) : v.in.delta_ln.maxCoeff();
   UpperBound ln_variation(0.0), anchor(0.0);
   if (v.in.residual) {
     // The variation is about the z-cover's floating centre zc, the centre norm about the
@@ -247,16 +271,19 @@ EngineBound CentreNormBound(const AttentionLayer& L, const TokenCover& cover, co
     anchor = UpperBound(MulUp(v0.variation.value(), v.in.ell.maxCoeff()));
     CentreNormOptions mha = co;
     mha.mha_only = true;
-    CentreNormReport mha_report;
-    const UpperBound mha_norm = CentreJacobianNormUpperBound(L, cover.center, mha, &mha_report);
-    if (mha_report.timed_out) return TimedOutBound(kName);
-    ln_variation = UpperBound(MulUp(mha_norm.value(), v.in.delta_ln.maxCoeff()));
+    CentreNormReport centre_report = report;
+    const UpperBound mha_norm = centre_norm_of(mha, &timed_out);
+    report = centre_report;
+    if (timed_out) return TimedOutBound(kName);
+    ln_variation = UpperBound(MulUp(mha_norm.value(), ln_delta_p));
   }
   EngineBound out;
   out.upper = centre_norm + v.variation + ln_variation + anchor;
-  const std::string how = report.method == "dense" ? "dense Gram/Cholesky certificate"
-                                                    : std::to_string(report.groups) + " x " +
-                                                          std::to_string(report.groups) + " token super-blocks";
+  out.centre_inf_row = inf ? inf_report.row : -1;
+  const std::string how = inf                       ? "row sums of the enclosure"
+                          : report.method == "dense" ? "dense Gram/Cholesky certificate"
+                                                     : std::to_string(report.groups) + " x " +
+                                                           std::to_string(report.groups) + " token super-blocks";
   out.terms.push_back({"centre norm ||J(X0)|| (" + how + ")", centre_norm});
   out.terms.push_back({v.route, v.variation});
   if (v.in.residual)

@@ -56,7 +56,9 @@ struct CentredVariation {
 };
 CentredVariation CentredVariationBound(const AttentionLayer& layer, const TokenCover& cover, const BoundOptions& opts);
 
-// Engine `centre_norm` (norm 2, any size): the centred form with the centre-norm
+// Engine `centre_norm` (norms 2 and inf, any size; in the inf norm ||J(X0)||_inf comes from
+// the enclosure's row sums, CentreJacobianInfNormBounds, and the variation's block bounds
+// are taken in the inf norm): the centred form with the centre-norm
 // certificate of certify/centre_norm.h for ||J(X0)|| (exact to about 1e-8 where one dense
 // Gram/Cholesky certificate fits, token super-blocks above), plus the variation above, plus
 // for the sublayer ||J_M(zc)|| max_j ||J_LN(x_j) - J_LN(x0_j)|| with ||J_M(zc)|| certified
@@ -66,6 +68,7 @@ std::string CentreNormEngineRefusal(const BoundOptions& opts);
 EngineBound CentreNormBound(const AttentionLayer& layer, const TokenCover& cover, const BoundOptions& opts,
                             long centre_dense_limit);
 // Predicted seconds of CentreNormBound on an idle 2-core machine.
-double CentreNormEngineSecondsEstimate(const AttentionLayer& layer, int tokens, long centre_dense_limit);
+double CentreNormEngineSecondsEstimate(const AttentionLayer& layer, int tokens, long centre_dense_limit,
+                                        NormKind norm = NormKind::kL2);
 
 }  // namespace lipcert

@@ -109,7 +109,7 @@ void Record(Certificate* c, const std::string& name, const EngineBound& b, doubl
 }
 
 void Refused(Certificate* c, const std::string& name, const std::string& why) {
-  c->engines.push_back({name, UpperBound(kInf), 0, why, false});
+  c->engines.push_back({name, UpperBound(kInf), 0, why, false, {}});
 }
 
 void Progress(const CertifyOptions& o, const char* stage, const Certificate& c, double t) {
@@ -126,8 +126,11 @@ void RunClosedForms(const AttentionLayer& L, const InputSet& set, const CertifyO
 
 // 2. The witnessed lower bound, with its share of the time.
 void RunSearch(const AttentionLayer& L, const InputSet& set, const CertifyOptions& o, double seconds,
-               Certificate* c) {
+               int centre_inf_row, Certificate* c) {
   SearchOptions so;
+  so.centre_inf_row = centre_inf_row;
+  // Once a witness is within the tolerance of the certified bound the search stops.
+  so.stop_at = std::isfinite(c->upper_bound.value()) ? c->upper_bound.value() / (1 + o.tolerance) * (1 + 1e-9) : kInf;
   so.norm = o.norm;
   so.seed = o.seed;
   so.threads = o.threads;
@@ -153,45 +156,53 @@ BoundOptions BoundOptionsOf(const CertifyOptions& o, Clock::time_point deadline)
 // super-blocks, else not at all. It replaces the older dense `centred` engine, whose
 // centre norm it computes faster (certify/centre_norm.h); branch and bound still uses that
 // one on its pieces.
-void RunCentreNorm(const AttentionLayer& L, const TokenCover& cover, const CertifyOptions& o, const BoundOptions& bo,
-                   const RunClock& clock, Certificate* c) {
+// Returns the centre's largest row for the search's witness (inf norm; else -1).
+int RunCentreNorm(const AttentionLayer& L, const TokenCover& cover, const CertifyOptions& o, const BoundOptions& bo,
+                  const RunClock& clock, Certificate* c) {
   const int n = int(cover.center.rows());
   const long nd = long(n) * L.d_model;
   Refused(c, "centred", o.norm == NormKind::kL2 ? "replaced by centre_norm" : "norm 2 only");
   if (const std::string why = CentreNormEngineRefusal(bo); !why.empty()) {
     Refused(c, "centre_norm", why);
-    return;
+    return -1;
   }
   if (o.engines.dense_limit == 0) {
     Refused(c, "centre_norm", "engines.dense_limit = 0");
-    return;
+    return -1;
   }
   const double window = std::chrono::duration<double>(bo.deadline - Clock::now()).count();
-  long dense_limit = nd <= o.engines.dense_limit ? nd : 0;  // 0: token super-blocks
-  if (CentreNormEngineSecondsEstimate(L, n, dense_limit) > 0.5 * window) dense_limit = 0;
-  if (CentreNormEngineSecondsEstimate(L, n, dense_limit) > window) {
+  long dense_limit = nd <= o.engines.dense_limit ? nd : 0;  // 0: token super-blocks (norm 2)
+  if (CentreNormEngineSecondsEstimate(L, n, dense_limit, o.norm) > 0.5 * window) dense_limit = 0;
+  if (CentreNormEngineSecondsEstimate(L, n, dense_limit, o.norm) > window) {
     Refused(c, "centre_norm", "predicted time above the engines' share of the time limit");
-    return;
+    return -1;
   }
   const auto [b, seconds] = Timed([&] { return CentreNormBound(L, cover, bo, dense_limit); });
   Record(c, "centre_norm", b, seconds);
   Progress(o, "centre_norm", *c, clock.Elapsed());
+  return b.centre_inf_row;
 }
 
 // 3. The structured bound engines on the whole set, by the end of the time that is not
 // the search's: the centred engine does not start when its predicted time does not fit,
 // and either engine stops at the deadline with +inf (never a partial number). Returns
-// the seconds they took.
-double RunStructuredEngines(const AttentionLayer& L, const TokenCover& cover, const CertifyOptions& o,
-                            const RunClock& clock, Certificate* c) {
+// the seconds they took and, in the inf norm, the centre's largest row of J (or -1).
+struct StructuredRun {
+  double seconds = 0;
+  int centre_inf_row = -1;
+};
+StructuredRun RunStructuredEngines(const AttentionLayer& L, const TokenCover& cover, const CertifyOptions& o,
+                                   const RunClock& clock, Certificate* c) {
   const BoundOptions bo = BoundOptionsOf(o, clock.At(1 - o.search.share));
   const auto start = Clock::now();
   const auto [block, block_s] = Timed([&] { return BlockNormBound(L, cover, bo); });
   Record(c, "block_norm", block, block_s);
   Progress(o, "block_norm", *c, clock.Elapsed());
-  RunCentreNorm(L, cover, o, bo, clock, c);
+  StructuredRun run;
+  run.centre_inf_row = RunCentreNorm(L, cover, o, bo, clock, c);
   if (o.on_improvement) o.on_improvement(*c);
-  return std::chrono::duration<double>(Clock::now() - start).count();
+  run.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  return run;
 }
 
 // The search's time: what each later stage can still gain decides it. Branch and bound
@@ -259,7 +270,7 @@ void CertifyInvertibility(const AttentionLayer& L, const TokenCover& cover, cons
   const int n = int(cover.center.rows());
   const long nd = long(n) * L.d_model;
   if (CentreNormEngineRefusal(g).empty() && nd <= o.engines.dense_limit &&
-      CentreNormEngineSecondsEstimate(L, n, nd) <= 0.5 * clock.Left())
+      CentreNormEngineSecondsEstimate(L, n, nd, o.norm) <= 0.5 * clock.Left())
     inv.lip_g_upper = Min(inv.lip_g_upper, CentreNormBound(L, cover, g, nd).upper);
   inv.certified = inv.lip_g_upper.value() < 1;
   if (inv.certified) inv.bi_lipschitz_lower = LowerBound(SubDown(1.0, inv.lip_g_upper.value()));
@@ -287,9 +298,10 @@ Certificate Certify(const AttentionLayer& L, const InputSet& set, const CertifyO
   const TokenCover cover = CoverOf(set);
 
   RunClosedForms(L, set, o, &c);
-  const double root_seconds = RunStructuredEngines(L, cover, o, clock, &c);
+  const StructuredRun engines = RunStructuredEngines(L, cover, o, clock, &c);
+  const double root_seconds = engines.seconds;
   const Invertibility residual = L.residual() ? BlockNormInvertibility(L, cover, o, clock) : Invertibility{};
-  RunSearch(L, set, o, SearchSeconds(set, o, root_seconds, clock), &c);
+  RunSearch(L, set, o, SearchSeconds(set, o, root_seconds, clock), engines.centre_inf_row, &c);
   Progress(o, "search", c, clock.Elapsed());
   if (o.on_improvement) o.on_improvement(c);
   RunBranchAndBound(L, set, o, root_seconds, clock, &c);

@@ -47,6 +47,9 @@ struct EngineBound {
   std::vector<BoundTerm> alternatives;
   bool timed_out = false;
   std::string note;  // why the bound is +inf (timeout), else ""
+  // centre_norm in the inf norm: the row of J(X0) with the largest certified row sum
+  // (row-major flattening i*D + a), for the search's centre witness; -1 otherwise.
+  int centre_inf_row = -1;
 };
 
 // The EngineBound of an engine stopped by its deadline.

@@ -41,6 +41,8 @@ void ValidateSearchInputs(const AttentionLayer& layer, const InputSet& set, cons
     throw std::invalid_argument("input set: centre must be N x " + std::to_string(layer.d_model));
   if (!(set.radius >= 0) || !std::isfinite(set.radius))
     throw std::invalid_argument("input set: radius must be finite and >= 0");
+  if (opts.centre_inf_row >= long(set.center.size()))
+    throw std::invalid_argument("search options: centre_inf_row: must be < N*D = " + std::to_string(set.center.size()));
 }
 
 // The best distinct points seen, by floating value, and the best value per origin.
@@ -93,12 +95,24 @@ class Search {
   }
 
   bool PastDeadline() const { return Clock::now() >= deadline_; }
+  // The best floating value so far is at least `target`: nothing left for the search to gain.
+  bool Reached(double target) const {
+    return !elite_.points().empty() && elite_.points().front().pair.value >= target;
+  }
 
   // The round's points; for kLinf (with exact_inf_centre) the centre, round 0's first,
   // comes with its exact largest row, so that no witness falls below ||J(X0)||_inf.
   std::vector<Candidate> Candidates(int round) {
     std::vector<Candidate> cands = search_parts::RoundCandidates(layer_, set_, opts_, round, elite_.points(), rng_);
-    if (round == 0 && opts_.norm == NormKind::kLinf && opts_.exact_inf_centre) {
+    if (round == 0 && opts_.norm == NormKind::kLinf && opts_.centre_inf_row >= 0) {
+      // The largest row is known (the centre_norm engine's certified row sums): one VJP.
+      centre_exact_ = {set_.center, "centre", search_parts::InfRowPair(*oracles_.front(), set_.center, opts_.centre_inf_row)};
+      evaluations_.fetch_add(1);
+      cands.front().pair = centre_exact_.pair;
+      if (opts_.verbose)
+        std::fprintf(stderr, "search: l_inf norm at the centre %.9g (row %d, given)\n", centre_exact_.pair.value,
+                     centre_exact_.pair.row);
+    } else if (round == 0 && opts_.norm == NormKind::kLinf && opts_.exact_inf_centre) {
       const auto t = Clock::now();
       // At most half the search's time: past a few thousand N*D the rows cost more
       // than the ascent can use, and the rows seen by then still bound it from below.
@@ -239,6 +253,8 @@ std::string ValidateSearchOptions(const SearchOptions& o) {
   if (o.max_steps < 0) return "max_steps: must be >= 0";
   if (o.max_rounds < 0) return "max_rounds: must be >= 0";
   if (o.threads < 0) return "threads: must be >= 0";
+  if (o.centre_inf_row < -1) return "centre_inf_row: must be >= -1";
+  if (!(o.stop_at > 0)) return "stop_at: must be > 0 (kInf: never stop early)";
   return "";
 }
 
@@ -270,9 +286,10 @@ SearchResult SearchLowerBound(const AttentionLayer& layer, const InputSet& set, 
   ValidateSearchInputs(layer, set, opts);
   Search search(layer, set, opts, t0);
   for (int round = 0; opts.max_rounds == 0 || round < opts.max_rounds; ++round) {
-    if (round > 0 && search.PastDeadline()) break;
+    if (round > 0 && (search.PastDeadline() || search.Reached(opts.stop_at))) break;
     std::vector<Candidate> cands = search.Candidates(round);
     search.Screen(round, cands);
+    if (search.Reached(opts.stop_at)) break;
     search.AscendAll(round, search.PickStarts(cands));
   }
   return search.Finish(search.Polish());

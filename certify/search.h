@@ -43,6 +43,10 @@ struct SearchOptions {
   bool structured = true;    // include the theory's structured starts
   bool exact_inf_centre = true;  // kLinf: the centre's exact largest row (N*D VJPs, within
                                  // half of time_limit_s; see docs/search.md for the cost)
+  double stop_at = kInf;     // stop (after screening or a round) once a floating value
+                             // reaches it: e.g. the certified upper bound / (1 + tolerance)
+  int centre_inf_row = -1;   // kLinf: a row of J(X0) known to be its largest (e.g. from the
+                             // centre_norm engine's enclosure): taken instead of the N*D rows
   bool rigorous = true;      // re-evaluate the final witness in interval arithmetic
   bool verbose = false;      // progress lines on stderr
 };

@@ -169,11 +169,16 @@ Pair ExactInfTop(const std::vector<std::unique_ptr<Oracle>>& oracles, const Matr
   });
   if (complete) *complete = !cut;
   const int r = int(std::max_element(sums.begin(), sums.end()) - sums.begin());
+  return InfRowPair(*oracles.front(), x, r);
+}
+
+Pair InfRowPair(const Oracle& o, const MatrixXd& x, int r) {
+  const int n = int(x.rows()), d = int(x.cols());
   Pair p;
   p.row = r;
   p.u = MatrixXd::Zero(n, d);
   p.u(r / d, r % d) = 1;
-  const MatrixXd row = oracles.front()->JTu(x, p.u);  // row r of J
+  const MatrixXd row = o.JTu(x, p.u);  // row r of J
   p.v = SignOf(row);
   p.value = row.cwiseAbs().sum();
   return p;

@@ -69,6 +69,9 @@ Pair ComputeTop(const Oracle& o, const Eigen::MatrixXd& x, NormKind norm, const 
 // a simple top pair): d/dt J(x + t v)^T u at t = 0, exact from the engine.
 Eigen::MatrixXd PairGradient(const Oracle& o, const Eigen::MatrixXd& x, const Pair& p);
 
+// kLinf: row r of J(x) (one VJP) with its sign vector: value = ||row_r||_1 = (J(x) v)_r.
+Pair InfRowPair(const Oracle& o, const Eigen::MatrixXd& x, int r);
+
 // kLinf, exact: the largest row sum max_r ||row_r(J(x))||_1 from all N*D rows of J (N*D
 // VJPs, in blocks over the given oracles, one per worker), with its row and sign vector.
 // The lowest such row wins ties, so the result does not depend on the number of workers.

@@ -127,6 +127,46 @@ TEST(CentreNormTest, DenseBoundIsExactAndSuperBlocksDominateIt) {
   RecordProperty("worst_relative_excess", std::to_string(worst));
 }
 
+// The inf-norm bounds bracket the MPFR Jacobian's largest row sum, from both sides and
+// within 1e-9, for every tiling of the tokens (block_limit from one token to all), and the
+// row they name is a largest row.
+TEST(CentreNormTest, InfNormBoundsBracketTheMpfrRowSums) {
+  mpfr::mpreal::set_default_prec(128);
+  std::mt19937_64 rng(1404);
+  const int cases = int(60 * TestScale());
+  int checked = 0, tiled = 0;
+  for (int t = 0; t < cases; ++t) {
+    RandomLayerOptions lo;
+    lo.max_width = 5;
+    lo.max_heads = 3;
+    const AttentionLayer L = RandomLayer(rng, lo);
+    const int n = 1 + int(rng() % 5);
+    const Eigen::MatrixXd x0 = RandomCentre(rng, n, L.d_model, 1.0);
+    CentreNormOptions o;
+    o.mha_only = rng() % 4 == 0;
+    o.exclude_residual = rng() % 4 == 0;
+    const Eigen::MatrixXd j = ToDouble(ReferenceJacobian(L, x0, o));
+    const Eigen::VectorXd rows = j.cwiseAbs().rowwise().sum();
+    const double exact = rows.maxCoeff();
+    for (long block_limit : {long(L.d_model), long(2 * L.d_model), long(n) * L.d_model}) {
+      o.block_limit = block_limit;
+      const CentreInfNormBounds b = CentreJacobianInfNormBounds(L, x0, o);
+      ASSERT_FALSE(b.timed_out);
+      EXPECT_LE(b.lower.value(), exact * (1 + 1e-14)) << "case " << t;  // the double sum's own error
+      EXPECT_GE(b.upper.value(), exact * (1 - 1e-14)) << "case " << t;
+      EXPECT_LE(b.upper.value(), exact * (1 + 1e-9) + 1e-12) << "case " << t;
+      EXPECT_GE(b.lower.value(), exact * (1 - 1e-9) - 1e-12) << "case " << t;
+      ASSERT_GE(b.row, 0);
+      ASSERT_LT(b.row, int(rows.size()));
+      EXPECT_GE(rows(b.row), exact * (1 - 1e-9) - 1e-12) << "case " << t;
+      tiled += block_limit < long(n) * L.d_model;
+    }
+    ++checked;
+  }
+  EXPECT_EQ(checked, cases);
+  EXPECT_GT(tiled, cases / 2);
+}
+
 // Larger size classes (N*D from 256 to 1536 at the default scale), against the double
 // dense Jacobian of models/forward.h: sigma_1 <= bound <= sigma_1 (1 + 1e-6), and the
 // per-token and grouped bounds above it.

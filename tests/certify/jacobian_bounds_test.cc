@@ -19,7 +19,7 @@ TEST(JacobianBoundsTest, UpperBoundsDominateWitnessedLowerBounds) {
   mpfr::mpreal::set_default_prec(256);
   std::mt19937_64 rng(20261202);
   const int cases = int(1000 * TestScale());
-  int centred_cases = 0, closed_form_cases = 0;
+  int centred_cases = 0, closed_form_cases = 0, centre_norm_inf_cases = 0;
   for (int t = 0; t < cases; ++t) {
     const Case c = RandomCase(rng);
     const double lower = WitnessedLower(rng, c, 6);
@@ -45,9 +45,16 @@ TEST(JacobianBoundsTest, UpperBoundsDominateWitnessedLowerBounds) {
             << "centre_norm engine (dense limit " << centre_dense_limit << "), case " << t;
       }
       ++centred_cases;
+    } else {
+      // The inf norm: the enclosure's row sums at the centre plus the inf-norm variation.
+      const EngineBound cn = CentreNormBound(c.layer, cover, o, 0);
+      ASSERT_FALSE(cn.timed_out);
+      ASSERT_GE(cn.upper.value(), lower * (1 - 1e-12)) << "centre_norm engine (inf), case " << t;
+      ++centre_norm_inf_cases;
     }
   }
   EXPECT_GT(centred_cases, cases / 4);
+  EXPECT_GT(centre_norm_inf_cases, cases / 4);
   EXPECT_GT(closed_form_cases, cases / 10);
 }
 
@@ -59,6 +66,7 @@ TEST(JacobianBoundsTest, EnginesDominateSearchedWitnesses) {
   std::mt19937_64 rng(20261207);
   const int cases = int(300 * TestScale());
   double tightest = kInf;
+  int checked = 0;
   for (int t = 0; t < cases; ++t) {
     const AttentionLayer L = RandomLayer(rng);
     InputSet set = RandomSet(rng, std::uniform_int_distribution<int>(2, 4)(rng), L.d_model);
@@ -82,7 +90,13 @@ TEST(JacobianBoundsTest, EnginesDominateSearchedWitnesses) {
       ASSERT_GE(centred, witness) << "centred engine, case " << t;
       tightest = std::min(tightest, centred / witness);
     }
+    const double centre_norm = CentreNormBound(L, CoverOf(set), o, 1L << 30).upper.value();
+    ASSERT_GE(centre_norm, witness) << "centre_norm engine, case " << t;
+    tightest = std::min(tightest, centre_norm / witness);
+    ++checked;
   }
+  EXPECT_EQ(checked, cases);
+  EXPECT_GT(checked, 0);
   std::printf("searched witnesses: tightest upper / witness %.4g\n", tightest);
 }
 

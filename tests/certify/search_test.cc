@@ -359,5 +359,55 @@ TEST(Search, InfWitnessIsAtLeastTheCentresExactNorm) {
   EXPECT_EQ(checked, 2);
 }
 
+// Given the centre's largest row (as the centre_norm engine names it), the search takes it
+// instead of the N*D rows: its witness is the exact centre norm; a row out of range is
+// refused with the field's name.
+TEST(Search, GivenCentreRowGivesTheCentresExactNorm) {
+  std::mt19937_64 rng(18);
+  const AttentionLayer L = RandomLayer(AttentionKind::kDot, true, true, true, 16, 4, 4, rng, 2.0);
+  const InputSet set = MakeSet(SetKind::kBall, Eigen::MatrixXd::Random(20, 16), 0.0);
+  const TopDirection exact = ExactInfDirectionAt(L, set.center, 1);
+  int row = -1;
+  exact.u.transpose().reshaped().maxCoeff(&row);  // u = e_r, row-major flattening i*D + a
+  SearchOptions o = QuickOptions(NormKind::kLinf, 600);
+  o.starts = 2;
+  o.max_steps = 2;
+  o.structured = false;
+  o.exact_inf_centre = false;
+  o.centre_inf_row = row;
+  const SearchResult r = SearchLowerBound(L, set, o);
+  EXPECT_GE(r.best.lower_bound.value(), exact.value * (1 - 1e-9));
+  o.centre_inf_row = int(set.center.size());
+  EXPECT_THROW(
+      {
+        try {
+          SearchLowerBound(L, set, o);
+        } catch (const std::invalid_argument& e) {
+          EXPECT_NE(std::string(e.what()).find("centre_inf_row"), std::string::npos);
+          throw;
+        }
+      },
+      std::invalid_argument);
+}
+
+// stop_at: once the target is reached after screening the search ends with no ascent; an
+// unreachable target leaves it to its rounds; a target <= 0 is refused.
+TEST(Search, StopsOnceTheTargetIsReached) {
+  std::mt19937_64 rng(19);
+  const AttentionLayer L = RandomLayer(AttentionKind::kDot, false, false, false, 8, 2, 4, rng, 1.0);
+  const InputSet set = MakeSet(SetKind::kBall, Eigen::MatrixXd::Random(4, 8), 0.1);
+  SearchOptions o = QuickOptions(NormKind::kL2, 600);
+  o.max_rounds = 3;
+  const SearchResult full = SearchLowerBound(L, set, o);
+  EXPECT_GT(full.ascent_steps, 0);
+  o.stop_at = 1e-300;
+  const SearchResult early = SearchLowerBound(L, set, o);
+  EXPECT_EQ(early.ascent_steps, 0);
+  EXPECT_EQ(early.rounds, 0);
+  EXPECT_GT(early.best.lower_bound.value(), 0);
+  o.stop_at = 0;
+  EXPECT_NE(ValidateSearchOptions(o).find("stop_at"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace lipcert

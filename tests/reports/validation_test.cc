@@ -77,7 +77,9 @@ TEST(Validation, DotAttentionGrowsWithoutBound) {
     EXPECT_GE(w.value(), VarianceFormula(n, r) * (1 - kTol)) << "R = " << r;
     EXPECT_GT(w.value(), previous);
     previous = w.value();
-    if (r <= 4) EXPECT_GE(CertifiedUpper(dot, SetKind::kTokens, Eigen::MatrixXd::Zero(n, 1), r, NormKind::kL2), w.value());
+    if (r <= 4) {
+      EXPECT_GE(CertifiedUpper(dot, SetKind::kTokens, Eigen::MatrixXd::Zero(n, 1), r, NormKind::kL2), w.value());
+    }
   }
   EXPECT_GT(previous, 16.0 * 16.0 / 2);  // Var grows like R^2: unbounded
 }
