@@ -31,7 +31,28 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import st  # noqa: E402
 
 
-def load_layer(path):
+def load_bert_attention(path, layer):
+    """MHA alone (lipcert's --preset bert --attention-only) of a HuggingFace BERT checkpoint
+    directory (config.json + model.safetensors): encoder layer `layer`'s self-attention."""
+    import json
+    cfg = json.load(open(os.path.join(path, "config.json")))
+    raw, _ = st.load(os.path.join(path, "model.safetensors"))
+    pre = next(p for p in ("encoder.layer.", "bert.encoder.layer.") if any(k.startswith(p) for k in raw))
+    base = f"{pre}{layer}.attention."
+    names = {"q": "self.query", "k": "self.key", "v": "self.value", "o": "output.dense"}
+    t = {}
+    for short, hf in names.items():
+        for part in ("weight", "bias"):
+            key = base + hf + "." + part
+            if key not in raw:
+                sys.exit(f"search_vs_torch: {path}: tensor {key} not found")
+            t[f"{short}.{part}"] = torch.from_numpy(raw[key].astype("float64"))
+    return t, "dot", int(cfg["num_attention_heads"]), False, float(cfg.get("layer_norm_eps", 1e-12))
+
+
+def load_layer(path, bert_layer=None):
+    if bert_layer is not None:
+        return load_bert_attention(path, bert_layer)
     t, meta = st.load(path)
     t = {k: torch.from_numpy(v.astype("float64")) for k, v in t.items()}
     kind = meta.get("kind", "dot")
@@ -138,11 +159,15 @@ def sample(x0, kind, r, batch, gen):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--layer", required=True)
+    ap.add_argument("--layer", required=True, help="native safetensors file, or with --bert-layer a BERT checkpoint dir")
+    ap.add_argument("--bert-layer", type=int, default=None,
+                    help="encoder layer of a HuggingFace BERT checkpoint directory: its attention alone")
     ap.add_argument("--centres", required=True)
     ap.add_argument("--centre", default="x0")
     ap.add_argument("--set", choices=["ball", "tokens", "box"], default="tokens")
     ap.add_argument("--radius", type=float, default=0.5)
+    ap.add_argument("--relative-radius", type=float, default=None,
+                    help="radius as a fraction of ||X0||_F (as lipcert's --relative-radius); overrides --radius")
     ap.add_argument("--norm", choices=["2", "inf"], default="2")
     ap.add_argument("--time", type=float, default=600.0, help="seconds")
     ap.add_argument("--batch", type=int, default=32, help="ascent starts, run as one batch")
@@ -152,9 +177,13 @@ def main():
     ap.add_argument("--seed", type=int, default=1)
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
-    t, kind, heads, causal, eps = load_layer(a.layer)
+    t, kind, heads, causal, eps = load_layer(a.layer, a.bert_layer)
     ct, _ = st.load(a.centres)
+    if a.centre not in ct:
+        sys.exit(f"search_vs_torch: {a.centres}: tensor {a.centre} not found")
     x0 = torch.from_numpy(ct[a.centre].astype("float64"))
+    if a.relative_radius is not None:
+        a.radius = a.relative_radius * x0.norm().item()
     f = make_forward(t, kind, heads, causal, eps)
     gen = torch.Generator().manual_seed(a.seed)
     B = a.batch

