@@ -115,6 +115,8 @@ std::string Summary(const Certificate& c) {
     os << " " << e.name << "=";
     if (!e.applied)
       os << "n/a (" << e.note << ")";
+    else if (!std::isfinite(e.upper.value()) && !e.note.empty())
+      os << "n/a (" << e.note << ")";  // ran out of time: +inf in the JSON, the reason here
     else
       os << e.upper.value();
   }

@@ -318,5 +318,18 @@ TEST_F(WriteFileAtomicTest, ConcurrentReaderNeverSeesAPartialFile) {
   EXPECT_EQ(Entries(), (std::vector<std::string>{"cert.json"}));
 }
 
+// The summary shows a refused engine and one stopped by its deadline as n/a with the
+// reason, and a finite bound as its value.
+TEST(CertificateSummaryTest, RefusedAndTimedOutEnginesReadNotApplicable) {
+  Certificate c = FullCertificate();
+  c.engines.push_back({"centre_norm", UpperBound(kInf), 3.0, "centre_norm: deadline passed before the bound was complete",
+                       true, {}});
+  const std::string s = Summary(c);
+  EXPECT_NE(s.find("block_norm=12.5"), std::string::npos) << s;
+  EXPECT_NE(s.find("closed_form/kim=n/a (l2 attention only)"), std::string::npos) << s;
+  EXPECT_NE(s.find("centre_norm=n/a (centre_norm: deadline passed"), std::string::npos) << s;
+  EXPECT_EQ(s.find("=inf"), std::string::npos) << s;
+}
+
 }  // namespace
 }  // namespace lipcert
