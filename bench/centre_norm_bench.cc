@@ -50,10 +50,11 @@ int main(int argc, char** argv) {
     CentreNormReport rep;
     const UpperBound b = CentreJacobianNormUpperBound(L, x0, o, &rep);
     std::printf("N=%d D=%d H=%d bound=%.10g estimate=%.10g method=%s groups=%d group_tokens=%d frobenius=%d "
-                "seconds=%.2f model_seconds=%.2f\n",
+                "seconds=%.2f model_seconds=%.2f assembly=%.2f gram=%.2f lanczos=%.2f cholesky=%.2f attempts=%d\n",
                 int(x0.rows()), L.d_model, L.heads, b.value(), rep.estimate, rep.method.c_str(), rep.groups,
                 rep.group_tokens, int(rep.frobenius_blocks), rep.seconds,
-                CentreNormSecondsEstimate(L, int(x0.rows()), o));
+                CentreNormSecondsEstimate(L, int(x0.rows()), o), rep.assembly_seconds, rep.gram.gram_seconds,
+                rep.gram.lanczos_seconds, rep.gram.cholesky_seconds, rep.gram.cholesky_attempts);
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "centre_norm_bench: %s\n", e.what());

@@ -360,8 +360,50 @@ double LanczosLambdaMax(const Eigen::MatrixXd& g, int max_steps = 120, double to
   return theta;
 }
 
+// Lower Cholesky factor of c in place (the strict upper triangle is left as it was),
+// right-looking by tiles of kTile: the diagonal tile by Eigen's LLT, the panel below it by
+// a triangular solve, the trailing lower tiles by GEMM updates, both on `threads` workers.
+// Every entry is still a - sum l l (over k) divided by a diagonal entry, or the square root
+// of such a difference, only summed in another order: Higham's Thm 10.3 bound
+// |c - R^T R| <= gamma_{n+1} |R^T||R| holds as for the unblocked algorithm. False when a
+// diagonal tile is not positive definite or the deadline passed.
+bool ParallelCholesky(Eigen::MatrixXd& c, int threads, Deadline deadline) {
+  constexpr Eigen::Index kTile = 256;
+  const Eigen::Index n = c.rows();
+  const int nt = int((n + kTile - 1) / kTile);
+  auto start = [&](int t) { return Eigen::Index(t) * kTile; };
+  auto size = [&](int t) { return std::min(kTile, n - start(t)); };
+  for (int k = 0; k < nt; ++k) {
+    if (Past(deadline)) return false;
+    const Eigen::Index k0 = start(k), bk = size(k);
+    Eigen::Ref<Eigen::MatrixXd> ckk = c.block(k0, k0, bk, bk);
+    Eigen::LLT<Eigen::Ref<Eigen::MatrixXd>, Eigen::Lower> llt(ckk);
+    if (llt.info() != Eigen::Success) return false;
+    const int below = nt - k - 1;
+    if (below == 0) break;
+    ParallelFor(below, WorkerCount(threads, below), [&](int t, int) {
+      const int i = k + 1 + t;
+      auto panel = c.block(start(i), k0, size(i), bk);
+      c.block(k0, k0, bk, bk).triangularView<Eigen::Lower>().transpose().solveInPlace<Eigen::OnTheRight>(panel);
+    });
+    std::vector<std::pair<int, int>> tiles;
+    for (int i = k + 1; i < nt; ++i)
+      for (int j = k + 1; j <= i; ++j) tiles.push_back({i, j});
+    ParallelFor(int(tiles.size()), WorkerCount(threads, int(tiles.size())), [&](int t, int) {
+      const auto [i, j] = tiles[t];
+      c.block(start(i), start(j), size(i), size(j)).noalias() -=
+          c.block(start(i), k0, size(i), bk) * c.block(start(j), k0, size(j), bk).transpose();
+    });
+  }
+  return true;
+}
+
+double SecondsSince(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
 // Certified lambda_max(m^T m) for a point matrix m (entries of moderate size: see below).
-double GramLambdaMaxUp(const Eigen::MatrixXd& m, int threads, double* estimate, Deadline deadline) {
+double GramLambdaMaxUp(const Eigen::MatrixXd& m, int threads, double* estimate, Deadline deadline, GramStats* stats) {
   RequireRoundToNearest();
   // The smaller Gram matrix; its error |fl(G) - G| <= gamma_k |m|^T |m| <= gamma_k c c^T
   // (c the column norms, Cauchy-Schwarz) has ||.||_2 <= gamma_k ||m||_F^2, plus k n eta.
@@ -372,13 +414,17 @@ double GramLambdaMaxUp(const Eigen::MatrixXd& m, int threads, double* estimate, 
   for (Eigen::Index e = 0; e < m.size(); ++e) fro2 = AddUp(fro2, MulUp(m.data()[e], m.data()[e]));
   if (fro2 == 0) return 0.0;
   const double gram_err = AddUp(MulUp(GammaUp(double(k)), fro2), MulUp(double(k) * double(n), kEta));
+  auto t = std::chrono::steady_clock::now();
   Eigen::MatrixXd a = tall ? Gram(m, threads, deadline) : Gram(Eigen::MatrixXd(m.transpose()), threads, deadline);
+  stats->gram_seconds += SecondsSince(t);
   if (Past(deadline)) return kInf;
+  t = std::chrono::steady_clock::now();
   const double theta = LanczosLambdaMax(a);
+  stats->lanczos_seconds += SecondsSince(t);
   if (estimate) *estimate = theta;
   const double diag_max = a.diagonal().maxCoeff();
   // Cholesky of s I - G succeeds => s I - G + dA + dD >= 0 with |dA| <= gamma_{n+1} |R^T||R|
-  // (Higham Thm 10.3, any summation order, so also Eigen's blocked LLT), hence
+  // (Higham Thm 10.3, any summation order, so also the tiled ParallelCholesky), hence
   // lambda_max(G) <= s + gamma_{n+1} ||R||_F^2 + max_i |dD_ii| (rounding of s - G_ii).
   double tau = std::max(1e-10, 64.0 * double(n) * kUnitRoundoff);
   for (int attempt = 0; attempt < 12; ++attempt, tau *= 8) {
@@ -390,8 +436,11 @@ double GramLambdaMaxUp(const Eigen::MatrixXd& m, int threads, double* estimate, 
       c(i, i) = s - a(i, i);
       diag_err = std::max(diag_err, MulUp(kUnitRoundoff, std::fabs(c(i, i))));
     }
-    Eigen::LLT<Eigen::Ref<Eigen::MatrixXd>, Eigen::Lower> llt(c);
-    if (llt.info() != Eigen::Success) continue;
+    t = std::chrono::steady_clock::now();
+    ++stats->cholesky_attempts;
+    const bool factored = ParallelCholesky(c, threads, deadline);
+    stats->cholesky_seconds += SecondsSince(t);
+    if (!factored) continue;
     double r2 = 0;
     bool ok = true;
     for (Eigen::Index col = 0; col < n && ok; ++col) {
@@ -411,7 +460,9 @@ double GramLambdaMaxUp(const Eigen::MatrixXd& m, int threads, double* estimate, 
 
 }  // namespace
 
-UpperBound NormL2UpperGram(const IntervalMatrix& a, int threads, double* estimate, Deadline deadline) {
+UpperBound NormL2UpperGram(const IntervalMatrix& a, int threads, double* estimate, Deadline deadline, GramStats* stats) {
+  GramStats local;
+  if (!stats) stats = &local;
   if (a.mid.size() == 0) return UpperBound(0.0);
   const Eigen::MatrixXd& m = a.mid;
   for (Eigen::Index e = 0; e < m.size(); ++e)
@@ -419,7 +470,9 @@ UpperBound NormL2UpperGram(const IntervalMatrix& a, int threads, double* estimat
   // Scale by 2^-e so that max |m_ij| is in [1, 2) (exact unless entries become subnormal,
   // which adds at most sqrt(rows cols) eta / 2 to the norm).
   const double amax = m.cwiseAbs().maxCoeff();
-  UpperBound rad = a.rad.maxCoeff() == 0.0 ? UpperBound(0.0) : NormL2UpperCrude(a.rad);
+  // The radius is rounding-sized: its Frobenius norm (one pass) is enough unless it is not
+  // negligible, when the Collatz-Wielandt bound below is tried as well.
+  UpperBound rad = a.rad.maxCoeff() == 0.0 ? UpperBound(0.0) : NormFrobeniusUpper(a.rad);
   if (amax == 0.0) return rad;
   const int e = std::ilogb(amax);
   Eigen::MatrixXd ms(m.rows(), m.cols());
@@ -429,13 +482,16 @@ UpperBound NormL2UpperGram(const IntervalMatrix& a, int threads, double* estimat
     inexact |= std::ldexp(ms.data()[i], e) != m.data()[i];
   }
   double est = 0;
-  double ns = SqrtUp(std::max(0.0, GramLambdaMaxUp(ms, threads, &est, deadline)));
+  double ns = SqrtUp(std::max(0.0, GramLambdaMaxUp(ms, threads, &est, deadline, stats)));
   if (inexact) ns = AddUp(ns, MulUp(SqrtUp(double(m.rows()) * double(m.cols())), kEta));
   const double scale = std::ldexp(1.0, e);
   if (estimate) *estimate = std::sqrt(std::max(est, 0.0)) * scale;
   const UpperBound mid(std::isfinite(scale) ? MulUp(ns, scale) : kInf);
   if (rad.value() > 1e-9 * mid.value()) rad = Min(rad, NormL2UpperNonneg(a.rad));
-  return Min(mid + rad, NormL2UpperCrude(a));
+  const UpperBound total = mid + rad;
+  // The crude norms (three passes over a) only when the certificate failed.
+  if (std::isfinite(total.value()) || Past(deadline)) return total;
+  return Min(total, NormL2UpperCrude(a));
 }
 
 namespace {
@@ -472,7 +528,10 @@ UpperBound CentreJacobianNormUpperBound(const AttentionLayer& L, const Eigen::Ma
   } else if (long(n) * d <= o.dense_limit) {
     rep.method = "dense";
     rep.group_tokens = n;
-    bound = NormL2UpperGram(AssembleBlock(S, 0, n, 0, n, o.threads), o.threads, &rep.estimate, o.deadline);
+    const auto t_assembly = std::chrono::steady_clock::now();
+    const IntervalMatrix j = AssembleBlock(S, 0, n, 0, n, o.threads);
+    rep.assembly_seconds = SecondsSince(t_assembly);
+    bound = NormL2UpperGram(j, o.threads, &rep.estimate, o.deadline, &rep.gram);
   } else {
     // ||J||_2 <= ||B||_2, B_IK >= ||J_IK||_2 (the norm of a block matrix is at most the norm
     // of the matrix of its block norms).

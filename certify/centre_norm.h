@@ -62,6 +62,14 @@ struct CentreNormOptions {
   std::string IsValid() const;
 };
 
+// Where a dense certificate's time went (NormL2UpperGram).
+struct GramStats {
+  double gram_seconds = 0;      // fl(M^T M)
+  double lanczos_seconds = 0;   // the floating estimate theta
+  double cholesky_seconds = 0;  // all attempts together
+  int cholesky_attempts = 0;    // factorisations of s I - G tried (the last one succeeded, if any did)
+};
+
 struct CentreNormReport {
   std::string method;     // "dense" or "super_block"
   int groups = 1;         // G (token groups); 1 for dense
@@ -69,6 +77,8 @@ struct CentreNormReport {
   bool frobenius_blocks = false;  // group blocks bounded by their Frobenius norm
   double estimate = 0;    // floating sigma_1 of the midpoint (Lanczos), dense only; NOT a bound
   double seconds = 0;
+  double assembly_seconds = 0;  // the enclosure of J(X0) (dense: all of it)
+  GramStats gram;               // dense only
   bool timed_out = false; // the deadline passed: the bound is +inf
 };
 
@@ -86,7 +96,8 @@ IntervalMatrix CentreJacobianEnclosure(const AttentionLayer& layer, const Eigen:
 // Certified ||a||_2 over the enclosure, with the fast dense certificate described above.
 // +inf once `deadline` has passed (checked between Gram tiles and Cholesky attempts).
 UpperBound NormL2UpperGram(const IntervalMatrix& a, int threads = 0, double* estimate = nullptr,
-                           std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max());
+                           std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max(),
+                           GramStats* stats = nullptr);
 
 // ||J(x0)||_inf (the largest absolute row sum), certified from both sides from the same
 // enclosure, streamed in token tiles of block_limit rows (never all of J in memory):

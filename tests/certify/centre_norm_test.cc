@@ -206,6 +206,43 @@ TEST(CentreNormTest, ExactAtLargerSizesAgainstTheDenseReference) {
   EXPECT_EQ(checked, 2 * classes);
 }
 
+// The dense certificate on matrices larger than one Cholesky tile (256), sizes not a
+// multiple of it, with prescribed singular values (a clear top, a near-tie 1e-9 below
+// it, an exact tie): above the SVD's sigma_1 (double, about 1e-15 relative), within 1e-7
+// of it; a passed deadline gives +inf.
+TEST(CentreNormTest, TiledGramCertificateIsExactAboveTheSvd) {
+  std::mt19937_64 rng(1404);
+  std::normal_distribution<double> gauss(0.0, 1.0);
+  const int cases = std::max(3, int(6 * TestScale()));
+  int checked = 0;
+  for (int t = 0; t < cases; ++t) {
+    const int n = 257 + int(rng() % 400), m = n + int(rng() % 50);
+    auto orthonormal = [&](int rows, int cols) {
+      Eigen::MatrixXd g = Eigen::MatrixXd::NullaryExpr(rows, cols, [&] { return gauss(rng); });
+      return Eigen::MatrixXd(Eigen::HouseholderQR<Eigen::MatrixXd>(g).householderQ() * Eigen::MatrixXd::Identity(rows, cols));
+    };
+    Eigen::VectorXd s = Eigen::VectorXd::LinSpaced(n, 0.0, 2.0).reverse();
+    s(0) = 3.0 + t;
+    if (t % 3 == 1) s(1) = s(0) * (1 - 1e-9);
+    if (t % 3 == 2) s(1) = s(0);
+    const Eigen::MatrixXd a = orthonormal(m, n) * s.asDiagonal() * orthonormal(n, n).transpose();
+    const double sigma = Sigma1(a);
+    GramStats stats;
+    double estimate = 0;
+    const UpperBound b = NormL2UpperGram(IntervalMatrix::Point(a), 2, &estimate,
+                                         std::chrono::steady_clock::time_point::max(), &stats);
+    SCOPED_TRACE("case " + std::to_string(t) + " n " + std::to_string(n));
+    EXPECT_GE(b.value(), sigma * (1 - 1e-13));
+    EXPECT_LE(b.value(), sigma * (1 + 1e-7));
+    EXPECT_NEAR(estimate, sigma, 1e-9 * sigma);
+    EXPECT_GE(stats.cholesky_attempts, 1);
+    ++checked;
+  }
+  EXPECT_EQ(checked, cases);
+  const Eigen::MatrixXd a = Eigen::MatrixXd::Identity(300, 300);
+  EXPECT_EQ(NormL2UpperGram(IntervalMatrix::Point(a), 2, nullptr, std::chrono::steady_clock::now()).value(), kInf);
+}
+
 TEST(CentreNormTest, InvalidOptionsAndShapesAreRefused) {
   CentreNormOptions o;
   EXPECT_EQ(o.IsValid(), "");
