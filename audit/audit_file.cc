@@ -533,6 +533,7 @@ AuditPlan ReadAuditFile(const std::string& path) {
                     r.options.time_limit_s = 1e7;
                     r.options.search.max_rounds = d.budget.rounds;
                     r.options.branch_and_bound.max_pieces = d.budget.steps;
+                    r.options.probabilistic.seed = d.seed + 1;  // a fixed start: reproducible
                     spec["budget"] = {{"steps", d.budget.steps}, {"rounds", d.budget.rounds}};
                   } else {
                     r.options.time_limit_s = d.time_limit;

@@ -19,7 +19,8 @@
 //
 // Above dense_limit the tokens are cut into groups of block_tokens; with B_IK a certified
 // bound on the group block ||J_IK||_2 (dense certificate, or the Frobenius norm when
-// block_tokens * D is above block_limit), ||J||_2 <= ||B||_2 (a nonnegative G x G matrix).
+// block_tokens * D is above block_limit or the block's certificate would not fit before
+// the deadline: anytime, diagonal blocks first), ||J||_2 <= ||B||_2 (nonnegative G x G).
 // Measured on all-MiniLM-L6-v2 the per-token (G = N) bound is 1.9 times sigma_1 at N = 8;
 // sigma_2 / sigma_1 = 0.97 there, so deflating the top pair does not make it exact.
 //
@@ -75,6 +76,7 @@ struct CentreNormReport {
   int groups = 1;         // G (token groups); 1 for dense
   int group_tokens = 0;   // tokens per group
   bool frobenius_blocks = false;  // group blocks bounded by their Frobenius norm
+  int exact_blocks = 0;   // super-blocks certified densely (the others: their Frobenius norm)
   double estimate = 0;    // floating sigma_1 of the midpoint (Lanczos), dense only; NOT a bound
   double seconds = 0;
   double assembly_seconds = 0;  // the enclosure of J(X0) (dense: all of it)
@@ -120,6 +122,9 @@ double CentreInfNormSecondsEstimate(const AttentionLayer& layer, int tokens);
 
 // The model above, in seconds, for a layer of N tokens under these options.
 double CentreNormSecondsEstimate(const AttentionLayer& layer, int tokens, const CentreNormOptions& opts = {});
+// The least time that gives a bound: the dense model, or for super-blocks the assembly
+// alone (each block's dense certificate is taken only when it fits the deadline).
+double CentreNormMinimumSecondsEstimate(const AttentionLayer& layer, int tokens, const CentreNormOptions& opts = {});
 
 // sup over a set of ||J(X)||_2 <= ||J(X0)||_2 + sup ||J(X) - J(X0)||_2: the centre bound above
 // plus a variation bound (e.g. the `delta` of CentredUpperBound in certify/jacobian_bounds.cc).

@@ -216,10 +216,11 @@ CentreNormOptions CentreNormOptionsOf(const BoundOptions& opts, long centre_dens
 }  // namespace
 
 double CentreNormEngineSecondsEstimate(const AttentionLayer& layer, int tokens, long centre_dense_limit,
-                                        NormKind norm) {
+                                        NormKind norm, bool minimum) {
   CentreNormOptions c;
   c.dense_limit = centre_dense_limit;
   const double one = norm == NormKind::kLinf ? CentreInfNormSecondsEstimate(layer, tokens)
+                     : minimum               ? CentreNormMinimumSecondsEstimate(layer, tokens, c)
                                              : CentreNormSecondsEstimate(layer, tokens, c);
   return layer.layer_norm ? 2 * one : one;  // the sublayer certifies ||J_M(zc)|| too
 }
@@ -283,10 +284,10 @@ EngineBound CentreNormBound(const AttentionLayer& L, const TokenCover& cover, co
   const std::string how = inf                       ? "row sums of the enclosure"
                           : report.method == "dense" ? "dense Gram/Cholesky certificate"
                                                      : std::to_string(report.groups) + " x " +
-                                                           std::to_string(report.groups) + " token super-blocks";
+                                                           std::to_string(report.groups) + " token super-blocks, " +
+                                                           std::to_string(report.exact_blocks) + " certified densely";
   out.terms.push_back({"centre norm ||J(X0)|| (" + how + ")", centre_norm});
   out.terms.push_back({v.route, v.variation});
-  if (v.in.residual)
   if (v.in.residual) {
     out.terms.push_back({"LayerNorm variation ||J_M(z0)|| max_j ||J_LN(x_j) - J_LN(x0_j)||", ln_variation});
     out.terms.push_back({"LayerNorm rounding ||J_M(zc) - J_M(z0)|| max_j ||J_LN(x_j)||", anchor});

@@ -67,8 +67,9 @@ CentredVariation CentredVariationBound(const AttentionLayer& layer, const TokenC
 std::string CentreNormEngineRefusal(const BoundOptions& opts);
 EngineBound CentreNormBound(const AttentionLayer& layer, const TokenCover& cover, const BoundOptions& opts,
                             long centre_dense_limit);
-// Predicted seconds of CentreNormBound on an idle 2-core machine.
+// Predicted seconds of CentreNormBound on an idle 2-core machine; with `minimum`, the least
+// time that gives a bound (super-blocks certify their blocks densely only as time allows).
 double CentreNormEngineSecondsEstimate(const AttentionLayer& layer, int tokens, long centre_dense_limit,
-                                        NormKind norm = NormKind::kL2);
+                                        NormKind norm = NormKind::kL2, bool minimum = false);
 
 }  // namespace lipcert

@@ -90,6 +90,24 @@ nlohmann::json ToJson(const Certificate& c) {
                           {"bi_lipschitz_lower", Num(inv.bi_lipschitz_lower.value())},
                           {"bi_lipschitz_upper", Num(inv.bi_lipschitz_upper.value())}};
   }
+  if (c.probabilistic) {
+    const ProbabilisticBound& p = *c.probabilistic;
+    j["probabilistic"] = {
+        {"certified", false},
+        {"probable_upper", Num(p.value)},
+        {"confidence", 1 - p.failure_probability},
+        {"failure_probability", p.failure_probability},
+        {"route", p.route},
+        {"method", "randomized Lanczos on J(X0)^T J(X0), Kuczynski-Wozniakowski 1992 Thm 4.2"},
+        {"centre", {{"probable_upper", Num(p.centre.value)},
+                    {"ritz_sigma", p.centre.ritz_sigma},
+                    {"epsilon", p.centre.epsilon},
+                    {"krylov_dim", p.centre.krylov_dim},
+                    {"steps", p.centre.steps},
+                    {"seed", p.centre.seed},
+                    {"seconds", p.centre.seconds},
+                    {"stopped_by_time", p.centre.stopped_by_time}}}};
+  }
   j["numerics"] = {{"rounding_model", c.rounding_model},
                    {"exp_backend", c.exp_backend},
                    {"fp_environment_repaired", c.fp_environment_repaired}};
@@ -127,6 +145,9 @@ std::string Summary(const Certificate& c) {
       os << (i ? " + " : " ") << w->terms[i].name << " " << w->terms[i].value.value();
     os << "\n";
   }
+  if (c.probabilistic)
+    os << "  probabilistic (not certified): upper " << c.probabilistic->value << " with probability >= "
+       << 1 - c.probabilistic->failure_probability << " (" << c.probabilistic->route << ")\n";
   for (const std::string& n : c.notes) os << "  note: " << n << "\n";
   if (c.invertibility)
     os << "  residual Lip(g) <= " << c.invertibility->lip_g_upper.value()

@@ -9,6 +9,7 @@
 
 #include "certify/engine_bound.h"
 #include "certify/input_set.h"
+#include "certify/probable_norm.h"
 #include "certify/witness.h"
 #include "interval/rounding.h"
 #include "models/attention_layer.h"
@@ -50,6 +51,15 @@ struct Invertibility {
   UpperBound bi_lipschitz_upper{kInf};  // min(1 + lip_g_upper, upper_bound)
 };
 
+// Beside the certificate, never as it: sup_S ||J||_2 <= value with probability at least
+// 1 - failure_probability over the random start of the Lanczos run (certify/probable_norm.h).
+struct ProbabilisticBound {
+  double value = kInf;
+  double failure_probability = 1;
+  ProbableUpperBound centre;  // ||J(X0)||_2, randomized Lanczos
+  std::string route;          // how value was formed
+};
+
 struct Certificate {
   Provenance provenance;
   // The layer.
@@ -68,6 +78,8 @@ struct Certificate {
   std::vector<EngineResult> engines;
   Witness witness;           // of lower_bound (the point and direction too)
   std::optional<Invertibility> invertibility;
+  // Not certified: with probability >= 1 - failure_probability (norm 2; see the struct).
+  std::optional<ProbabilisticBound> probabilistic;
   std::string rounding_model, exp_backend;
   // The floating-point environment (rounding mode, FTZ/DAZ) was not the rounding model's
   // when the run started or in a worker, and was restored before any certified arithmetic

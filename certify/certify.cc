@@ -11,6 +11,7 @@
 #include "certify/block_norm_engine.h"
 #include "certify/centred_engine.h"
 #include "certify/post_layer_norm.h"
+#include "certify/probable_norm.h"
 #include "certify/token_cover.h"
 #include "interval/elementary.h"
 #include "interval/fp_environment.h"
@@ -33,11 +34,18 @@ std::string BranchStageOptions::IsValid() const {
   return "";
 }
 
+std::string ProbabilisticStageOptions::IsValid() const {
+  if (!(share >= 0 && share < 1)) return "probabilistic.share: must be in [0, 1)";
+  if (!(failure_probability > 0 && failure_probability < 1))
+    return "probabilistic.failure_probability: must be in (0, 1)";
+  return "";
+}
+
 std::string CertifyOptions::IsValid() const {
   if (!(time_limit_s > 0)) return "time_limit: must be positive";
   if (!(tolerance >= 0)) return "tolerance: must be >= 0";
   if (threads < 0) return "threads: must be >= 0";
-  for (const std::string& e : {search.IsValid(), engines.IsValid(), branch_and_bound.IsValid()})
+  for (const std::string& e : {search.IsValid(), engines.IsValid(), branch_and_bound.IsValid(), probabilistic.IsValid()})
     if (!e.empty()) return e;
   return "";
 }
@@ -173,7 +181,7 @@ int RunCentreNorm(const AttentionLayer& L, const TokenCover& cover, const Certif
   const double window = std::chrono::duration<double>(bo.deadline - Clock::now()).count();
   long dense_limit = nd <= o.engines.dense_limit ? nd : 0;  // 0: token super-blocks (norm 2)
   if (CentreNormEngineSecondsEstimate(L, n, dense_limit, o.norm) > 0.5 * window) dense_limit = 0;
-  if (CentreNormEngineSecondsEstimate(L, n, dense_limit, o.norm) > window) {
+  if (CentreNormEngineSecondsEstimate(L, n, dense_limit, o.norm, /*minimum=*/true) > window) {
     Refused(c, "centre_norm", "predicted time above the engines' share of the time limit");
     return -1;
   }
@@ -192,8 +200,8 @@ struct StructuredRun {
   int centre_inf_row = -1;
 };
 StructuredRun RunStructuredEngines(const AttentionLayer& L, const TokenCover& cover, const CertifyOptions& o,
-                                   const RunClock& clock, Certificate* c) {
-  const BoundOptions bo = BoundOptionsOf(o, clock.At(1 - o.search.share));
+                                   double engines_until, const RunClock& clock, Certificate* c) {
+  const BoundOptions bo = BoundOptionsOf(o, clock.At(engines_until));
   const auto start = Clock::now();
   const auto [block, block_s] = Timed([&] { return BlockNormBound(L, cover, bo); });
   Record(c, "block_norm", block, block_s);
@@ -203,6 +211,57 @@ StructuredRun RunStructuredEngines(const AttentionLayer& L, const TokenCover& co
   if (o.on_improvement) o.on_improvement(*c);
   run.seconds = std::chrono::duration<double>(Clock::now() - start).count();
   return run;
+}
+
+// Whether the probabilistic stage runs: norm 2 (the inf norm's centre is certified exactly
+// from its row sums), when enabled.
+bool ProbabilisticApplies(const CertifyOptions& o) { return o.probabilistic.enabled && o.norm == NormKind::kL2; }
+
+// The fraction of the time limit by which the structured engines stop. On a point set
+// (radius 0) the search can only evaluate the centre, a few Jacobian products that it
+// stops once they meet the certified bound: the engines get 95% of the limit there. The
+// probabilistic stage's share comes out of the engines' time.
+double EnginesUntil(const InputSet& set, const CertifyOptions& o) {
+  const double until = set.radius == 0 ? std::max(0.95, 1 - o.search.share) : 1 - o.search.share;
+  return ProbabilisticApplies(o) ? std::max(0.05, until - o.probabilistic.share) : until;
+}
+
+// 3b. Beside the certificate, never in it: ||J(X0)||_2 by randomized Lanczos with its
+// failure probability (certify/probable_norm.h), and over a set the centre_norm engine's
+// certified terms after its centre norm (the variation): the certified centre norm swapped
+// for the probable one. Never above the certified bound (which holds with probability 1).
+void RunProbabilistic(const AttentionLayer& L, const InputSet& set, const CertifyOptions& o, double seconds,
+                      Certificate* c) {
+  if (!ProbabilisticApplies(o) || !(seconds > 0)) return;
+  ProbableNormOptions po;
+  po.failure_probability = o.probabilistic.failure_probability;
+  po.time_limit_s = seconds;
+  po.seed = o.probabilistic.seed;
+  ProbabilisticBound p;
+  p.centre = ProbableJacobianNormUpper(L, set.center, po);
+  p.failure_probability = po.failure_probability;
+  if (set.radius == 0) {
+    p.value = p.centre.value;
+    p.route = "the centre: randomized Lanczos";
+  } else {
+    const EngineResult* centred = nullptr;
+    for (const EngineResult& e : c->engines)
+      if (e.name == "centre_norm" && e.applied && std::isfinite(e.upper.value()) && !e.terms.empty()) centred = &e;
+    if (!centred) return;  // no certified variation to add the probable centre to
+    double rest = 0;
+    for (size_t i = 1; i < centred->terms.size(); ++i) rest = AddUp(rest, centred->terms[i].value.value());
+    p.value = AddUp(p.centre.value, rest);
+    p.route = "randomized Lanczos centre + centre_norm's certified variation terms";
+  }
+  c->probabilistic = p;
+}
+
+// The certified bound holds with probability 1: the probabilistic one is never above it
+// (called once branch and bound is done).
+void CapProbabilisticByCertified(Certificate* c) {
+  if (!c->probabilistic || !(c->upper_bound.value() < c->probabilistic->value)) return;
+  c->probabilistic->value = c->upper_bound.value();
+  c->probabilistic->route = "the certified bound (below the probabilistic route)";
 }
 
 // The search's time: what each later stage can still gain decides it. Branch and bound
@@ -298,7 +357,8 @@ Certificate Certify(const AttentionLayer& L, const InputSet& set, const CertifyO
   const TokenCover cover = CoverOf(set);
 
   RunClosedForms(L, set, o, &c);
-  const StructuredRun engines = RunStructuredEngines(L, cover, o, clock, &c);
+  const StructuredRun engines = RunStructuredEngines(L, cover, o, EnginesUntil(set, o), clock, &c);
+  RunProbabilistic(L, set, o, std::min(o.probabilistic.share * o.time_limit_s, clock.Left()), &c);
   const double root_seconds = engines.seconds;
   const Invertibility residual = L.residual() ? BlockNormInvertibility(L, cover, o, clock) : Invertibility{};
   RunSearch(L, set, o, SearchSeconds(set, o, root_seconds, clock), engines.centre_inf_row, &c);
@@ -307,6 +367,7 @@ Certificate Certify(const AttentionLayer& L, const InputSet& set, const CertifyO
   RunBranchAndBound(L, set, o, root_seconds, clock, &c);
   if (c.upper_bound.value() <= MulDown(c.lower_bound.value(), 1 + o.tolerance)) c.status = CertificateStatus::kTolerance;
   if (L.residual()) CertifyInvertibility(L, cover, o, clock, residual, &c);
+  CapProbabilisticByCertified(&c);
 
   c.fp_environment_repaired = fp_guard.repaired() || FpEnvironmentRepairs() > repairs_before;
   c.elapsed_s = clock.Elapsed();

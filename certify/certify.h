@@ -31,6 +31,15 @@ struct EngineStageOptions {
   std::string IsValid() const;
 };
 
+// Beside the certificate, never in it: a probabilistic bound (norm 2; certify/probable_norm.h).
+struct ProbabilisticStageOptions {
+  bool enabled = true;
+  double share = 0.1;                 // of the time limit (taken from the bound engines')
+  double failure_probability = 1e-6;  // the bound may fail for this share of random starts
+  uint64_t seed = 0;                  // the random start's; 0: drawn from the OS (recorded)
+  std::string IsValid() const;        // "" or a message naming the field
+};
+
 // Branch and bound with the time that is left.
 struct BranchStageOptions {
   int max_pieces = 100000;      // pieces bounded, at most (a work budget)
@@ -47,6 +56,7 @@ struct CertifyOptions {
   SearchStageOptions search;
   EngineStageOptions engines;
   BranchStageOptions branch_and_bound;
+  ProbabilisticStageOptions probabilistic;
   // Called with every improved certificate, status in_progress (anytime: the CLI writes
   // it atomically, so a run killed at any moment leaves its best certificate so far).
   std::function<void(const Certificate&)> on_improvement;

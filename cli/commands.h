@@ -32,6 +32,7 @@ struct CertifyArgs {
   CertifyRequest request;
   std::string set = "ball", norm = "2", json_out, witness_out;
   bool quiet = false;
+  bool no_probabilistic = false;  // --no-probabilistic
 };
 void AddModelOptions(CLI::App* app, ModelSpec* model, bool positional);
 void AddCertifyOptions(CLI::App* app, CertifyArgs* args);

@@ -33,6 +33,11 @@ void AddCertifyOptions(CLI::App* app, CertifyArgs* a) {
   app->add_option("--search-share", r.options.search.share, "least share of the time limit for the lower-bound search");
   app->add_option("--seed", r.options.seed, "seed of the lower-bound search");
   app->add_option("--threads", r.options.threads, "worker threads for every stage (0: all cores)");
+  app->add_option("--probabilistic-failure", r.options.probabilistic.failure_probability,
+                  "failure probability of the probabilistic (not certified) bound beside the certificate");
+  app->add_option("--probabilistic-seed", r.options.probabilistic.seed,
+                  "seed of its random start (default: drawn from the OS and recorded)");
+  app->add_flag("--no-probabilistic", a->no_probabilistic, "no probabilistic bound beside the certificate");
   app->add_option("--json", a->json_out, "write the certificate here (atomically, updated as it improves)");
   app->add_option("--witness", a->witness_out, "write the witness input x and direction v here (safetensors)");
   app->add_flag("--quiet", a->quiet, "no progress lines on stderr");
@@ -47,6 +52,7 @@ CertifyRequest ToRequest(const CertifyArgs& a) {
   if ((r.set.radius >= 0) == (r.set.relative_radius >= 0))
     throw OptionError("--radius: give exactly one of --radius and --relative-radius (>= 0)");
   r.options.progress = !a.quiet;
+  if (a.no_probabilistic) r.options.probabilistic.enabled = false;
   for (const std::string& out : {a.json_out, a.witness_out}) {
     if (out.empty()) continue;
     const std::filesystem::path dir = std::filesystem::absolute(out).parent_path();

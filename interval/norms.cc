@@ -38,14 +38,23 @@ double MaxAbsSumUp(const Eigen::MatrixXd& m, const Eigen::MatrixXd* r, bool by_r
 
 double FrobeniusSquaredUp(const Eigen::MatrixXd& m, const Eigen::MatrixXd* r) {
   const ScopedSoundFpEnvironment fp_guard;  // docs/rounding-model.md, run-time environment
-  double s = 0.0;
   const Eigen::Index n = m.size();
-  for (Eigen::Index i = 0; i < n; ++i) {
-    double v = std::fabs(m.data()[i]);
-    if (r) v = AddUp(v, r->data()[i]);
-    s = AddUp(s, MulUp(v, v));
+  if (n == 0) return 0.0;
+  // Vectorised: v = fl(|m| + r) <= (|m| + r) / (1 + 2u)... i.e. |m| + r <= v (1 + 2u); the
+  // sum of the n squares fl(v^2) in any order is within gamma_n of its exact value plus
+  // n eta (underflow), so sum (|m| + r)^2 <= (1 + 2u)^2 (fl(sum) + n eta) / (1 - gamma_n).
+  double s;
+  double widen = 1.0;
+  if (r) {
+    s = (m.array().abs() + r->array()).matrix().squaredNorm();
+    widen = AddUp(1.0, 2 * kUnitRoundoff);
+    widen = MulUp(widen, widen);
+  } else {
+    s = m.squaredNorm();
   }
-  return s;
+  if (!(s < kInf)) return s;  // +inf or NaN, as the entries say
+  const double keta = MulUp(double(n), kEta);
+  return DivUp(MulUp(AddUp(s, keta), widen), SubDown(1.0, GammaUp(double(n))));
 }
 
 // Upper bound (entrywise) on the exact product a x for a >= 0, x >= 0:
