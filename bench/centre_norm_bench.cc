@@ -41,6 +41,7 @@ int main(int argc, char** argv) {
       else if (a == "--block-tokens") o.block_tokens = std::atoi(next().c_str());
       else if (a == "--block-limit") o.block_limit = std::atol(next().c_str());
       else if (a == "--threads") o.threads = std::atoi(next().c_str());
+      else if (a == "--no-gemm") o.gemm_assembly = false;
       else throw std::invalid_argument("unknown option " + a);
     }
     LoadedModel m = LoadModel(argv[1], lo);

@@ -116,12 +116,34 @@ struct HeadCentre {
   IntervalMatrix w;      // (D, D) W_h = Wo_h M_h
 };
 
+using RowMajorXd = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+
+// [vec W_h]_h (H x D^2, column-major vec in row h): mid, |mid|, rad and fl(|mid| + rad)
+// (rounded once: within the 2T + 4 roundings of FinishSums), for AssembleBlockGemm.
+struct WStacks {
+  RowMajorXd mid, abs, rad, abs_rad;
+};
+
+WStacks WStacksOf(const std::vector<HeadCentre>& heads, int d) {
+  const Eigen::Index dd = Eigen::Index(d) * d, hs = Eigen::Index(heads.size());
+  WStacks w{RowMajorXd(hs, dd), RowMajorXd(hs, dd), RowMajorXd(hs, dd), RowMajorXd(hs, dd)};
+  for (Eigen::Index h = 0; h < hs; ++h) {
+    w.mid.row(h) = Eigen::Map<const Eigen::RowVectorXd>(heads[h].w.mid.data(), dd);
+    w.abs.row(h) = w.mid.row(h).cwiseAbs();
+    w.rad.row(h) = Eigen::Map<const Eigen::RowVectorXd>(heads[h].w.rad.data(), dd);
+    w.abs_rad.row(h) = w.abs.row(h) + w.rad.row(h);
+  }
+  return w;
+}
+
 struct CentreState {
   int n = 0, d = 0, heads = 0;
   bool dot = true;
   bool ln = false;        // compose with the LayerNorm Jacobian
   bool identity = false;  // add I
+  bool gemm = true;       // AssembleBlockGemm where it applies (dot, no LayerNorm factor)
   std::vector<HeadCentre> head;
+  WStacks w_stacks;       // when gemm applies
   std::vector<LnFactor> ln_factor;  // per token, when ln
 };
 
@@ -133,6 +155,7 @@ CentreState EncloseCentre(const AttentionLayer& L, const Eigen::MatrixXd& x0, co
   S.dot = L.kind == AttentionKind::kDot;
   S.ln = L.layer_norm.has_value() && !o.mha_only;
   S.identity = L.layer_norm.has_value() && !o.mha_only && !o.exclude_residual;
+  S.gemm = o.gemm_assembly;
   const int n = S.n, d = S.d;
   IntervalMatrix z = IntervalMatrix::Point(x0);
   if (L.layer_norm) {
@@ -187,6 +210,8 @@ CentreState EncloseCentre(const AttentionLayer& L, const Eigen::MatrixXd& x0, co
     H.ubar = Mul(H.p, H.u);
     H.w = Mul(wo, mv);
   });
+  S.gemm = S.gemm && S.dot && !S.ln;
+  if (S.gemm) S.w_stacks = WStacksOf(S.head, d);
   return S;
 }
 
@@ -194,6 +219,48 @@ CentreState EncloseCentre(const AttentionLayer& L, const Eigen::MatrixXd& x0, co
 // Block accumulation: sum of T interval products per entry, midpoint through plain double,
 // radius bounded as in docs/engines.md ("Centre norm: block accumulation").
 // ---------------------------------------------------------------------------------------
+// The enclosure of a sum of T interval products per entry from the three floating sums:
+// mid = fl(sum of midpoint products), rad and mag = fl(sums of the nonnegative radius and
+// |midpoint| products), each term rounded at most 2T + 4 times in any order of summation:
+// |fl(mid) - exact| <= gamma_T mag + T eta, and exact <= (fl + 4 T eta) / (1 - gamma_{4T+8})
+// for rad and mag.
+IntervalMatrix FinishSums(const Eigen::MatrixXd& mid, const Eigen::MatrixXd& rad_sum, const Eigen::MatrixXd& mag_sum,
+                          int terms) {
+  const double t = double(terms);
+  const double g_t = GammaUp(t);
+  const double shrink = SubDown(1.0, GammaUp(4 * t + 8));
+  const double eta_term = MulUp(8 * t + 8, kEta);
+  Eigen::MatrixXd r(rad_sum.rows(), rad_sum.cols());
+  for (Eigen::Index e = 0; e < r.size(); ++e) {
+    const double mag = DivUp(AddUp(mag_sum.data()[e], eta_term), shrink);
+    const double rad = DivUp(AddUp(rad_sum.data()[e], eta_term), shrink);
+    r.data()[e] = AddUp(AddUp(rad, MulUp(g_t, mag)), eta_term);
+  }
+  return IntervalMatrix(mid, std::move(r));
+}
+
+// FinishSums' radius in one vectorised pass (no per-entry directed rounding), never below
+// it: with E0 = 2^-1000 (normal, far above the eta terms) every intermediate is normal, so
+// each of the three round-to-nearest operations in ((rad + g_T mag) + E0) K loses at most
+// a factor (1 - u), which K = (1 + 4u) / (1 - gamma_{4T+8}) (rounded up) absorbs:
+// the result is >= (rad + eta')/shrink + g_T (mag + eta')/shrink + eta' (an FMA only
+// removes a rounding).
+struct FinishConstants {
+  double g_t = 0, k = 0, e0 = 0;
+};
+FinishConstants FinishConstantsOf(int terms) {
+  const double t = double(terms);
+  FinishConstants c;
+  c.g_t = GammaUp(t);
+  c.k = MulUp(DivUp(1.0, SubDown(1.0, GammaUp(4 * t + 8))), AddUp(1.0, 4 * kUnitRoundoff));
+  c.e0 = 0x1p-1000;
+  return c;
+}
+template <class Out>
+void FinishSumsInto(const Eigen::MatrixXd& rad_sum, const Eigen::MatrixXd& mag_sum, const FinishConstants& c, Out&& r) {
+  r.array() = ((rad_sum.array() + c.g_t * mag_sum.array()) + c.e0) * c.k;
+}
+
 class BlockAccumulator {
  public:
   explicit BlockAccumulator(int d) : mid_(Eigen::MatrixXd::Zero(d, d)), rad_(Eigen::MatrixXd::Zero(d, d)),
@@ -220,27 +287,95 @@ class BlockAccumulator {
   // The enclosure: |fl(mid) - exact| <= gamma_T mag + T eta, and rad, mag themselves are
   // computed sums of nonnegative terms with at most 2T + 4 roundings each, so
   // exact <= (fl + 4 T eta) / (1 - gamma_{4T+8}).
-  IntervalMatrix Finish() const {
-    const double t = double(std::max(terms_, 1));
-    const double g_t = GammaUp(t);
-    const double shrink = SubDown(1.0, GammaUp(4 * t + 8));
-    const double eta_term = MulUp(8 * t + 8, kEta);
-    Eigen::MatrixXd r(rad_.rows(), rad_.cols());
-    for (Eigen::Index e = 0; e < r.size(); ++e) {
-      const double mag = DivUp(AddUp(mag_.data()[e], eta_term), shrink);
-      const double rad = DivUp(AddUp(rad_.data()[e], eta_term), shrink);
-      r.data()[e] = AddUp(AddUp(rad, MulUp(g_t, mag)), eta_term);
-    }
-    return IntervalMatrix(mid_, std::move(r));
-  }
+  IntervalMatrix Finish() const { return FinishSums(mid_, rad_, mag_, std::max(terms_, 1)); }
 
  private:
   Eigen::MatrixXd mid_, rad_, mag_;
   int terms_ = 0;
 };
 
+// The same enclosure as AssembleBlock below for dot-product attention without the LayerNorm
+// factor, with the sums of each block taken by GEMMs instead of one rank-one update per
+// head: for row token i and the column tokens j,
+//   sum_h P^h_ij W_h       = row j of  [P^h_ij]_{j,h} (nc x H)  x  [vec W_h]_h (H x D^2),
+//   sum_h a^h_ij g^h_i^T   = A_ij G_i^T,  A_ij = [a^h_ij]_h (D x H),  G_i = [g^h_i]_h (D x H),
+// and likewise for the radius and magnitude sums (absolute values, nonnegative). Every
+// entry is the same 2H products as the accumulator's, summed in another order, so the
+// same FinishSums bound (T = 2H, at most 2T + 4 roundings per term) holds.
+IntervalMatrix AssembleBlockGemm(const CentreState& S, int r0, int r1, int c0, int c1, int threads) {
+  const int d = S.d, n = S.n, nc = c1 - c0, nr = r1 - r0, hs = S.heads;
+  const WStacks& ws = S.w_stacks;
+  const FinishConstants fc = FinishConstantsOf(2 * hs);
+  // Per worker, reused across its rows (large buffers: no page faults per block).
+  struct Buffers {
+    RowMajorXd wm, wg, wr;
+    std::vector<Eigen::MatrixXd> am, ar;
+    Eigen::MatrixXd bg, br;
+  };
+  const int workers = WorkerCount(threads, nr);
+  std::vector<Buffers> buffers(std::max(workers, 1));
+  Eigen::MatrixXd mid(nr * d, nc * d), rad(nr * d, nc * d);
+  ParallelFor(nr, workers, [&](int ii, int worker) {
+    Buffers& B = buffers[worker];
+    const int i = r0 + ii;
+    const bool diag = i >= c0 && i < c1;
+    IntervalMatrix e_i = IntervalMatrix::Point(Eigen::MatrixXd::Zero(diag ? d : 0, diag ? d : 0));
+    const int a0 = diag ? 0 : c0, a1 = diag ? n : c1;
+    // a^h_ij = P_ij (u_j - ubar_i), enclosed; G_i = [g^h_i].
+    Eigen::MatrixXd p_mid(nc, hs), p_rad(nc, hs);
+    B.am.resize(nc, Eigen::MatrixXd(d, hs));
+    B.ar.resize(nc, Eigen::MatrixXd(d, hs));
+    Eigen::MatrixXd g_mid(d, hs), g_rad(d, hs);
+    for (int h = 0; h < hs; ++h) {
+      const HeadCentre& H = S.head[h];
+      std::vector<Interval> p(a1 - a0);
+      for (int j = a0; j < a1; ++j) p[j - a0] = H.p(i, j);
+      const IntervalMatrix a = ScaleRows(RowsOf(H.u, a0, a1 - a0) - ReplicateRow(H.ubar, i, a1 - a0), p);
+      if (diag) e_i = e_i + Mul(a.transpose(), H.bt);
+      for (int jj = 0; jj < nc; ++jj) {
+        const int j = c0 + jj;
+        p_mid(jj, h) = H.p.mid(i, j);
+        p_rad(jj, h) = H.p.rad(i, j);
+        B.am[jj].col(h) = a.mid.row(j - a0).transpose();
+        B.ar[jj].col(h) = a.rad.row(j - a0).transpose();
+      }
+      g_mid.col(h) = H.g.mid.row(i).transpose();
+      g_rad.col(h) = H.g.rad.row(i).transpose();
+    }
+    const Eigen::MatrixXd p_abs = p_mid.cwiseAbs();
+    B.wm.noalias() = p_mid * ws.mid;
+    B.wg.noalias() = p_abs * ws.abs;
+    B.wr.noalias() = p_abs * ws.rad;
+    B.wr.noalias() += p_rad * ws.abs_rad;
+    const Eigen::MatrixXd g_abs = g_mid.cwiseAbs(), g_abs_rad = g_abs + g_rad;
+    using Block = Eigen::Map<const Eigen::MatrixXd>;
+    for (int jj = 0; jj < nc; ++jj) {
+      const int j = c0 + jj;
+      auto m = mid.block(ii * d, jj * d, d, d);
+      m = Block(B.wm.row(jj).data(), d, d);
+      m.noalias() += B.am[jj] * g_mid.transpose();
+      const Eigen::MatrixXd a_abs = B.am[jj].cwiseAbs();
+      B.bg = Block(B.wg.row(jj).data(), d, d);
+      B.bg.noalias() += a_abs * g_abs.transpose();
+      B.br = Block(B.wr.row(jj).data(), d, d);
+      B.br.noalias() += a_abs * g_rad.transpose();
+      B.br.noalias() += B.ar[jj] * g_abs_rad.transpose();
+      auto r = rad.block(ii * d, jj * d, d, d);
+      FinishSumsInto(B.br, B.bg, fc, r);
+      if (i == j) {
+        IntervalMatrix blk = IntervalMatrix(m, r) + e_i;
+        if (S.identity) blk = blk + IntervalMatrix::Point(Eigen::MatrixXd::Identity(d, d));
+        m = blk.mid;
+        r = blk.rad;
+      }
+    }
+  });
+  return IntervalMatrix(std::move(mid), std::move(rad));
+}
+
 // The enclosure of rows [r0, r1) x columns [c0, c1) of J (token ranges).
 IntervalMatrix AssembleBlock(const CentreState& S, int r0, int r1, int c0, int c1, int threads) {
+  if (S.gemm) return AssembleBlockGemm(S, r0, r1, c0, c1, threads);
   const int d = S.d, n = S.n, nc = c1 - c0, nr = r1 - r0;
   // Column caches: W_h L_j and the rows r (times L_j) for every column token.
   // Without LayerNorm they are the head's own W_h and g (no copies).
@@ -652,7 +787,9 @@ double CentreInfNormSecondsEstimate(const AttentionLayer& L, int tokens) {
 
 double CentreNormSecondsEstimate(const AttentionLayer& L, int tokens, const CentreNormOptions& o) {
   const double n = tokens, d = L.d_model, h = L.heads, nd = n * d;
-  const double assembly = 6.5e-9 * n * n * h * d * d;  // measured: N = 32, D = 384, H = 12
+  const bool gemm = o.gemm_assembly && L.kind == AttentionKind::kDot && (!L.layer_norm || o.mha_only);
+  // measured: N = 32, D = 384, H = 12 (1.8e-9: the GEMM assembly)
+  const double assembly = (gemm ? 1.8e-9 : 6.5e-9) * n * n * h * d * d;
   const double flops = 1.5e10;
   if (long(tokens) * L.d_model <= o.dense_limit) return assembly + (nd * nd * nd * (0.5 + 1.0 / 3)) / flops;
   const int g = GroupTokens(o, tokens, L.d_model);
@@ -664,7 +801,8 @@ double CentreNormSecondsEstimate(const AttentionLayer& L, int tokens, const Cent
 double CentreNormMinimumSecondsEstimate(const AttentionLayer& L, int tokens, const CentreNormOptions& o) {
   if (long(tokens) * L.d_model <= o.dense_limit) return CentreNormSecondsEstimate(L, tokens, o);
   const double n = tokens, d = L.d_model, h = L.heads;
-  return 6.5e-9 * n * n * h * d * d;  // super-blocks: the assembly; the dense blocks are anytime
+  const bool gemm = o.gemm_assembly && L.kind == AttentionKind::kDot && (!L.layer_norm || o.mha_only);
+  return (gemm ? 1.8e-9 : 6.5e-9) * n * n * h * d * d;  // super-blocks: the assembly; the dense blocks are anytime
 }
 
 }  // namespace lipcert

@@ -54,6 +54,9 @@ struct CentreNormOptions {
   bool mha_only = false;
   // Worker threads (0: hardware concurrency).
   int threads = 0;
+  // Dot-product attention without the LayerNorm factor: the enclosure's block sums by GEMMs
+  // (the same enclosure up to the order of summation); false: one update per head.
+  bool gemm_assembly = true;
   // Checked between blocks, Gram tiles and Cholesky attempts: once it has passed the
   // result is +inf (report->timed_out), never a partial number. One Cholesky of the
   // largest dense block is not interrupted: callers size dense_limit to their time.

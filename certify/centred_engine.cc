@@ -226,12 +226,18 @@ double CentreNormEngineSecondsEstimate(const AttentionLayer& layer, int tokens, 
 }
 
 EngineBound CentreNormBound(const AttentionLayer& L, const TokenCover& cover, const BoundOptions& opts,
-                            long centre_dense_limit) {
+                            long centre_dense_limit, double give_up_above) {
   constexpr const char* kName = "centre_norm";
   if (const std::string why = CentreNormEngineRefusal(opts); !why.empty())
     throw std::invalid_argument(std::string(kName) + " engine: " + why);
   const CentredVariation v = CentredVariationBound(L, cover, opts);
   if (!v.complete) return TimedOutBound(kName);
+  if (v.variation.value() >= give_up_above) {
+    EngineBound skipped;
+    skipped.note = "variation alone " + std::to_string(v.variation.value()) + " >= the bound in hand " +
+                   std::to_string(give_up_above) + ": centre norm not computed";
+    return skipped;
+  }
   const CentreNormOptions co = CentreNormOptionsOf(opts, centre_dense_limit);
   const bool inf = opts.norm == NormKind::kLinf;
   // ||J(X0)||_p: norm 2 by the Gram/Cholesky certificate (or super-blocks), norm inf by the

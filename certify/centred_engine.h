@@ -65,8 +65,11 @@ CentredVariation CentredVariationBound(const AttentionLayer& layer, const TokenC
 // the same way. `centre_dense_limit` is the largest N*D certified densely (the caller sizes
 // it to its time: one Cholesky is not interrupted).
 std::string CentreNormEngineRefusal(const BoundOptions& opts);
+// `give_up_above`: a bound already in hand; once the variation alone reaches it the engine
+// cannot beat it and returns +inf with a note, before its costly centre norm (the time goes
+// to the stages that can still gain).
 EngineBound CentreNormBound(const AttentionLayer& layer, const TokenCover& cover, const BoundOptions& opts,
-                            long centre_dense_limit);
+                            long centre_dense_limit, double give_up_above = kInf);
 // Predicted seconds of CentreNormBound on an idle 2-core machine; with `minimum`, the least
 // time that gives a bound (super-blocks certify their blocks densely only as time allows).
 double CentreNormEngineSecondsEstimate(const AttentionLayer& layer, int tokens, long centre_dense_limit,

@@ -185,7 +185,8 @@ int RunCentreNorm(const AttentionLayer& L, const TokenCover& cover, const Certif
     Refused(c, "centre_norm", "predicted time above the engines' share of the time limit");
     return -1;
   }
-  const auto [b, seconds] = Timed([&] { return CentreNormBound(L, cover, bo, dense_limit); });
+  const double in_hand = c->upper_bound.value();
+  const auto [b, seconds] = Timed([&] { return CentreNormBound(L, cover, bo, dense_limit, in_hand); });
   Record(c, "centre_norm", b, seconds);
   Progress(o, "centre_norm", *c, clock.Elapsed());
   return b.centre_inf_row;

@@ -70,11 +70,17 @@ for f in glob.glob(os.path.join(d, f"layer{layer}_n*_r*.json")):
     dom = (w.get("dominant_term") or {}).get("name", "")
     n = c["set"]["tokens"]
     rel = c["set"]["radius"] / c["set"]["centre_frobenius_norm"] if c["set"]["centre_frobenius_norm"] else 0
-    rows.append((n, c["norm"], rel, "| {} | {} | {} | {:.3g} | {} | {} | {:.6g} | {:.6g} | {:.4g} | {} | {:.0f} | {:.0f} |".format(
+    up = c["upper_bound"] if c["upper_bound"] is not None else float("inf")
+    gap = c["gap"] if c["gap"] is not None else float("inf")
+    p = c.get("probabilistic")
+    prob = "–"
+    if p and p.get("probable_upper") is not None:
+        prob = "{:.6g} ({:.4g})".format(p["probable_upper"], p["probable_upper"] / c["lower_bound"] if c["lower_bound"] else float("inf"))
+    rows.append((n, c["norm"], rel, "| {} | {} | {} | {:.3g} | {} | {} | {:.6g} | {:.6g} | {:.4g} | {} | {} | {:.0f} | {:.0f} |".format(
         n, n * c["layer"]["d_model"], c["norm"], rel, w.get("engine", ""), dom,
-        c["upper_bound"], c["lower_bound"], c["gap"], torch, float(secs), float(kb) / 1024)))
+        up, c["lower_bound"], gap, prob, torch, float(secs), float(kb) / 1024)))
 print(f"all-MiniLM-L6-v2 encoder layer {layer}, attention alone, ball sets (relative radius), 2 threads\n")
-print("| N | N·D | norm | radius | winner | dominant term | certified upper | witnessed lower | gap | torch ascent (s) | s | peak MB |")
-print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+print("| N | N·D | norm | radius | winner | dominant term | certified upper | witnessed lower | gap | probabilistic, 1 - 1e-6 (gap) | torch ascent (s) | s | peak MB |")
+print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
 print("\n".join(r for *_, r in sorted(rows)))
 PY

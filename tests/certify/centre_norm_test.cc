@@ -89,6 +89,38 @@ TEST(CentreNormTest, EnclosureContainsTheMpfrJacobian) {
 
 // The certified centre norm is above sigma_1 of the MPFR Jacobian and within 1e-6 of it;
 // the super-block bound (every grouping) is above the dense one.
+// The GEMM assembly (dot-product attention without the LayerNorm factor) sums the same
+// products as the per-head accumulator in another order: the same midpoints and radii up
+// to rounding, on random layers with biases, masks and LayerNorm (MHA alone).
+TEST(CentreNormTest, GemmAssemblyMatchesTheAccumulator) {
+  std::mt19937_64 rng(1403);
+  const int cases = int(100 * TestScale());
+  int compared = 0;
+  for (int t = 0; t < cases; ++t) {
+    RandomLayerOptions lo;
+    lo.max_tokens = 5;
+    lo.max_width = 6;
+    lo.max_heads = 3;
+    AttentionLayer L = RandomLayer(rng, lo);
+    if (L.kind != AttentionKind::kDot) continue;
+    const int n = 1 + int(rng() % 5);
+    const Eigen::MatrixXd x0 = RandomCentre(rng, n, L.d_model, 1.5);
+    CentreNormOptions o;
+    o.mha_only = L.layer_norm.has_value();
+    const IntervalMatrix g = CentreJacobianEnclosure(L, x0, o);
+    o.gemm_assembly = false;
+    const IntervalMatrix a = CentreJacobianEnclosure(L, x0, o);
+    ASSERT_EQ(g.rows(), a.rows());
+    for (Eigen::Index e = 0; e < g.mid.size(); ++e) {
+      const double scale = std::fabs(a.mid.data()[e]) + a.rad.data()[e];
+      EXPECT_LE(std::fabs(g.mid.data()[e] - a.mid.data()[e]), 1e-13 * scale + 1e-300) << "case " << t;
+      EXPECT_LE(std::fabs(g.rad.data()[e] - a.rad.data()[e]), 1e-12 * scale + 1e-300) << "case " << t;
+    }
+    ++compared;
+  }
+  EXPECT_GT(compared, cases / 4);
+}
+
 TEST(CentreNormTest, DenseBoundIsExactAndSuperBlocksDominateIt) {
   mpfr::mpreal::set_default_prec(128);
   std::mt19937_64 rng(1403);

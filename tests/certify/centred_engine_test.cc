@@ -87,6 +87,32 @@ TEST(CentredEngineTest, CentreNormEngineIsExactAtTheCentreAndAddsItsTerms) {
   EXPECT_GT(checked, 0);
 }
 
+// Given a bound in hand that its variation alone reaches, the centre_norm engine gives up
+// (+inf, with a note) before its centre norm; given one above its bound, it returns the
+// same bound as without.
+TEST(CentredEngineTest, CentreNormEngineGivesUpOnlyWhenItCannotBeatTheBoundInHand) {
+  std::mt19937_64 rng(79);
+  const int cases = int(30 * TestScale());
+  int checked = 0, gave_up = 0;
+  for (int t = 0; t < cases; ++t) {
+    Case c = RandomCase(rng);
+    BoundOptions o;
+    const EngineBound full = CentreNormBound(c.layer, CoverOf(c.set), o, long(1) << 30);
+    ASSERT_GE(full.terms.size(), 2u);
+    const double variation = full.terms[1].value.value();
+    const EngineBound above = CentreNormBound(c.layer, CoverOf(c.set), o, long(1) << 30, NextUp(full.upper.value()));
+    EXPECT_EQ(above.upper.value(), full.upper.value()) << "case " << t;
+    const EngineBound below = CentreNormBound(c.layer, CoverOf(c.set), o, long(1) << 30, variation);
+    EXPECT_EQ(below.upper.value(), kInf) << "case " << t;
+    EXPECT_NE(below.note.find("variation alone"), std::string::npos) << "case " << t;
+    EXPECT_TRUE(below.terms.empty());
+    gave_up += !std::isfinite(below.upper.value());
+    ++checked;
+  }
+  EXPECT_EQ(checked, cases);
+  EXPECT_EQ(gave_up, cases);
+}
+
 // In the inf norm the centre_norm engine at a vanishing radius is ||J(X0)||_inf (MPFR) to
 // 1e-6 (the centre term alone is within 1e-9: CentreNormTest), names the largest row, and its terms add up to its bound.
 TEST(CentredEngineTest, CentreNormEngineInfIsExactAtTheCentre) {

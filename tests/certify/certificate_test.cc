@@ -56,6 +56,12 @@ Certificate FullCertificate() {
   c.elapsed_s = 2.5;
   c.pieces_explored = 7;
   c.open_pieces = 1;
+  ProbabilisticBound p;
+  p.value = 11.0;
+  p.failure_probability = 1e-6;
+  p.route = "the centre: randomized Lanczos";
+  p.centre.value = 11.0;
+  c.probabilistic = p;
   return c;
 }
 

@@ -1,0 +1,76 @@
+// The centred form's variation bound sup_S ||J(X) - J(X0)||_2 of one checkpoint layer over a
+// ball around one centre, with every candidate it compared (docs/engines.md, "How loose the
+// variation bound is"): which path carries the bound.
+//
+//   build/bench/variation_bench MODEL LAYER CENTRE RELATIVE_RADIUS [--preset P] [--pre-ln]
+//
+// MODEL and CENTRE as for `lipcert certify`; LayerNorm is dropped unless --pre-ln.
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <string>
+
+#include <Eigen/SVD>
+
+#include "certify/centred_engine.h"
+#include "certify/token_cover.h"
+#include "models/centre.h"
+#include "models/loader.h"
+
+int main(int argc, char** argv) {
+  using namespace lipcert;
+  if (argc < 5) {
+    std::fprintf(stderr, "usage: %s MODEL LAYER CENTRE RELATIVE_RADIUS [--preset P] [--pre-ln]\n", argv[0]);
+    return 2;
+  }
+  try {
+    LoadOptions lo;
+    lo.preset = "bert";
+    lo.layer = std::atoi(argv[2]);
+    bool pre_ln = false;
+    for (int i = 5; i < argc; ++i) {
+      const std::string a = argv[i];
+      if (a == "--preset" && i + 1 < argc) lo.preset = argv[++i];
+      else if (a == "--pre-ln") pre_ln = true;
+      else throw std::invalid_argument("unknown option " + a);
+    }
+    LoadedModel m = LoadModel(argv[1], lo);
+    AttentionLayer L = m.layers.at(0);
+    if (!pre_ln) L.layer_norm.reset();
+    InputSet set;
+    set.kind = SetKind::kBall;
+    set.center = LoadCentre(argv[3], 0, L.d_model);
+    set.radius = std::atof(argv[4]) * set.center.norm();
+    const CentredVariation v = CentredVariationBound(L, CoverOf(set), BoundOptions{});
+    std::printf("N=%d D=%d H=%d R=%.6g variation=%.6g (%s)\n", int(set.center.rows()), L.d_model, L.heads, set.radius,
+                v.variation.value(), v.route);
+    for (const BoundTerm& t : v.alternatives) std::printf("  %-70s %.6g\n", t.name.c_str(), t.value.value());
+    // Heads apart, Wo factored out: ||sum_h (I x Wo_h) dK_h|| <= ||Wo|| sqrt(sum_h ||dK_h||^2).
+    double sum2 = 0, sum_plain = 0;
+    for (int h = 0; h < L.heads; ++h) {
+      AttentionLayer one = L;
+      one.heads = 1;
+      one.wq = L.wq.middleRows(h * L.head_dim_qk, L.head_dim_qk);
+      one.wk = L.wk.middleRows(h * L.head_dim_qk, L.head_dim_qk);
+      one.wv = L.wv.middleRows(h * L.head_dim_v, L.head_dim_v);
+      if (L.bq.size()) one.bq = L.bq.segment(h * L.head_dim_qk, L.head_dim_qk);
+      if (L.bk.size()) one.bk = L.bk.segment(h * L.head_dim_qk, L.head_dim_qk);
+      if (L.bv.size()) one.bv = L.bv.segment(h * L.head_dim_v, L.head_dim_v);
+      one.wo = L.wo.middleCols(h * L.head_dim_v, L.head_dim_v);
+      const double plain = CentredVariationBound(one, CoverOf(set), BoundOptions{}).variation.value();
+      one.wo = Eigen::MatrixXd::Identity(L.d_model, L.head_dim_v);
+      const double bare = CentredVariationBound(one, CoverOf(set), BoundOptions{}).variation.value();
+      sum2 += bare * bare;
+      sum_plain += plain;
+      std::printf("  head %2d: with Wo_h %.6g, Wo_h = I %.6g, ||Wo_h|| %.4g\n", h, plain, bare,
+                  Eigen::JacobiSVD<Eigen::MatrixXd>(L.wo.middleCols(h * L.head_dim_v, L.head_dim_v)).singularValues()(0));
+    }
+    const double wo = Eigen::JacobiSVD<Eigen::MatrixXd>(L.wo).singularValues()(0);
+    std::printf("  sum over heads %.6g;  ||Wo|| %.4g x sqrt(sum bare^2) %.6g = %.6g\n", sum_plain, wo, std::sqrt(sum2),
+                wo * std::sqrt(sum2));
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "variation_bench: %s\n", e.what());
+    return 2;
+  }
+}
