@@ -86,6 +86,14 @@ std::string ClosedFormsText(const json& cert) {
   return s.empty() ? "—" : s;
 }
 
+// The probabilistic bound beside the certificate (not certified), with its confidence.
+std::string ProbabilisticText(const json& c) {
+  if (!c.contains("probabilistic") || !c["probabilistic"]["probable_upper"].is_number()) return "—";
+  const json& p = c["probabilistic"];
+  return FormatNumber(p["probable_upper"].get<double>(), 6) + " (p ≥ " +
+         FormatNumber(p["confidence"].get<double>(), 7) + ")";
+}
+
 std::vector<std::string> CertRow(const json& c) {
   return {ModelLabel(c),
           std::to_string(c["model"]["layer"].get<int>()),
@@ -99,12 +107,13 @@ std::vector<std::string> CertRow(const json& c) {
           WinningEngine(c),
           c["status"].get<std::string>(),
           FormatNumber(c["elapsed_s"].get<double>(), 3),
-          ClosedFormsText(c)};
+          ClosedFormsText(c),
+          ProbabilisticText(c)};
 }
 
 const std::vector<std::string> kCertHeader = {"model", "layer", "kind", "set", "N", "radius", "certified upper",
                                               "witnessed lower", "gap", "winning engine", "status", "seconds",
-                                              "closed forms"};
+                                              "closed forms", "probabilistic (not certified)"};
 
 // ---- certificates ----
 
@@ -160,7 +169,7 @@ LinePlot BoundsPlot(const std::string& title, const std::string& x_label,
   lp.x_label = x_label;
   lp.y_label = "local Lipschitz constant";
   table->header = {"series", x_col, "certified upper", "witnessed lower", "gap", "winning engine", "status", "seconds",
-                   "closed forms"};
+                   "closed forms", "probabilistic (not certified)"};
   int k = 0;
   for (const auto& [name, pts] : series) {
     const std::string col = PaletteColor(k++);
@@ -182,7 +191,7 @@ LinePlot BoundsPlot(const std::string& title, const std::string& x_label,
       table->rows.push_back({name, FormatNumber(x, 6), FormatJsonNumber(c["upper_bound"], 8),
                              FormatJsonNumber(c["lower_bound"], 8), FormatJsonNumber(c["gap"], 5), WinningEngine(c),
                              c["status"].get<std::string>(), FormatNumber(c["elapsed_s"].get<double>(), 3),
-                             ClosedFormsText(c)});
+                             ClosedFormsText(c), ProbabilisticText(c)});
     }
     lp.bands.push_back(band);
     lp.series.push_back(up);
