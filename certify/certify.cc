@@ -234,6 +234,16 @@ double EnginesUntil(const InputSet& set, const CertifyOptions& o) {
 void RunProbabilistic(const AttentionLayer& L, const InputSet& set, const CertifyOptions& o, double seconds,
                       Certificate* c) {
   if (!ProbabilisticApplies(o) || !(seconds > 0)) return;
+  // Over a set: the certified terms of centre_norm after its centre norm; without them
+  // (refused, gave up, timed out) the Lanczos run would have nothing to add to.
+  double rest = 0;
+  if (set.radius != 0) {
+    const EngineResult* centred = nullptr;
+    for (const EngineResult& e : c->engines)
+      if (e.name == "centre_norm" && e.applied && std::isfinite(e.upper.value()) && !e.terms.empty()) centred = &e;
+    if (!centred) return;
+    for (size_t i = 1; i < centred->terms.size(); ++i) rest = AddUp(rest, centred->terms[i].value.value());
+  }
   ProbableNormOptions po;
   po.failure_probability = o.probabilistic.failure_probability;
   po.time_limit_s = seconds;
@@ -241,19 +251,9 @@ void RunProbabilistic(const AttentionLayer& L, const InputSet& set, const Certif
   ProbabilisticBound p;
   p.centre = ProbableJacobianNormUpper(L, set.center, po);
   p.failure_probability = po.failure_probability;
-  if (set.radius == 0) {
-    p.value = p.centre.value;
-    p.route = "the centre: randomized Lanczos";
-  } else {
-    const EngineResult* centred = nullptr;
-    for (const EngineResult& e : c->engines)
-      if (e.name == "centre_norm" && e.applied && std::isfinite(e.upper.value()) && !e.terms.empty()) centred = &e;
-    if (!centred) return;  // no certified variation to add the probable centre to
-    double rest = 0;
-    for (size_t i = 1; i < centred->terms.size(); ++i) rest = AddUp(rest, centred->terms[i].value.value());
-    p.value = AddUp(p.centre.value, rest);
-    p.route = "randomized Lanczos centre + centre_norm's certified variation terms";
-  }
+  p.value = AddUp(p.centre.value, rest);
+  p.route = set.radius == 0 ? "the centre: randomized Lanczos"
+                            : "randomized Lanczos centre + centre_norm's certified variation terms";
   c->probabilistic = p;
 }
 
