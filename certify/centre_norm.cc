@@ -223,28 +223,12 @@ CentreState EncloseCentre(const AttentionLayer& L, const Eigen::MatrixXd& x0, co
 // mid = fl(sum of midpoint products), rad and mag = fl(sums of the nonnegative radius and
 // |midpoint| products), each term rounded at most 2T + 4 times in any order of summation:
 // |fl(mid) - exact| <= gamma_T mag + T eta, and exact <= (fl + 4 T eta) / (1 - gamma_{4T+8})
-// for rad and mag.
-IntervalMatrix FinishSums(const Eigen::MatrixXd& mid, const Eigen::MatrixXd& rad_sum, const Eigen::MatrixXd& mag_sum,
-                          int terms) {
-  const double t = double(terms);
-  const double g_t = GammaUp(t);
-  const double shrink = SubDown(1.0, GammaUp(4 * t + 8));
-  const double eta_term = MulUp(8 * t + 8, kEta);
-  Eigen::MatrixXd r(rad_sum.rows(), rad_sum.cols());
-  for (Eigen::Index e = 0; e < r.size(); ++e) {
-    const double mag = DivUp(AddUp(mag_sum.data()[e], eta_term), shrink);
-    const double rad = DivUp(AddUp(rad_sum.data()[e], eta_term), shrink);
-    r.data()[e] = AddUp(AddUp(rad, MulUp(g_t, mag)), eta_term);
-  }
-  return IntervalMatrix(mid, std::move(r));
-}
-
-// FinishSums' radius in one vectorised pass (no per-entry directed rounding), never below
-// it: with E0 = 2^-1000 (normal, far above the eta terms) every intermediate is normal, so
-// each of the three round-to-nearest operations in ((rad + g_T mag) + E0) K loses at most
-// a factor (1 - u), which K = (1 + 4u) / (1 - gamma_{4T+8}) (rounded up) absorbs:
-// the result is >= (rad + eta')/shrink + g_T (mag + eta')/shrink + eta' (an FMA only
-// removes a rounding).
+// for rad and mag, so the radius (rad + eta')/shrink + g_T (mag + eta')/shrink + eta'
+// (shrink = 1 - gamma_{4T+8}, eta' = (8T + 8) eta) encloses the sum around fl(mid).
+// It is taken in one vectorised pass, never below that: with E0 = 2^-1000 (normal, far
+// above the eta terms) every intermediate is normal, so each of the three round-to-nearest
+// operations in ((rad + g_T mag) + E0) K loses at most a factor (1 - u), which
+// K = (1 + 4u) / shrink (rounded up) absorbs (an FMA only removes a rounding).
 struct FinishConstants {
   double g_t = 0, k = 0, e0 = 0;
 };
@@ -259,6 +243,12 @@ FinishConstants FinishConstantsOf(int terms) {
 template <class Out>
 void FinishSumsInto(const Eigen::MatrixXd& rad_sum, const Eigen::MatrixXd& mag_sum, const FinishConstants& c, Out&& r) {
   r.array() = ((rad_sum.array() + c.g_t * mag_sum.array()) + c.e0) * c.k;
+}
+IntervalMatrix FinishSums(const Eigen::MatrixXd& mid, const Eigen::MatrixXd& rad_sum, const Eigen::MatrixXd& mag_sum,
+                          int terms) {
+  Eigen::MatrixXd r(rad_sum.rows(), rad_sum.cols());
+  FinishSumsInto(rad_sum, mag_sum, FinishConstantsOf(terms), r);
+  return IntervalMatrix(mid, std::move(r));
 }
 
 class BlockAccumulator {
