@@ -121,14 +121,17 @@ EngineBound BlockNormBound(const AttentionLayer& L, const TokenCover& cover, con
     col_max = std::max(col_max, MulUp(s, in.ell(j)));
   }
   const double schur = p == NormKind::kL2 ? SqrtUp(MulUp(row_max, col_max)) : row_max;
-  const double mha = std::min({split, joint, schur});
+  // L2 heads in norm 2: one operator bound for every input (no block bounds at all).
+  const double operator_cap = capped ? MulUp(L2AttentionOperatorCap(L, n).total.value(), ell_max) : kInf;
+  const double mha = std::min({split, joint, schur, operator_cap});
   EngineBound out;
   const bool identity = in.residual && !opts.exclude_residual;
   out.upper = UpperBound(identity ? AddUp(1.0, mha) : mha);
   if (identity) out.terms.push_back({"residual identity", UpperBound(1.0)});
-  const char* route = mha == split ? "attention Jacobian (value path + logit path)"
-                      : mha == joint ? "attention Jacobian (joint block-bound norm)"
-                                     : "attention Jacobian (row and column sums)";
+  const char* route = mha == split          ? "attention Jacobian (value path + logit path)"
+                      : mha == joint        ? "attention Jacobian (joint block-bound norm)"
+                      : mha == schur        ? "attention Jacobian (row and column sums)"
+                                            : "attention Jacobian (L2 operator bound for every input)";
   out.terms.push_back({route, UpperBound(mha)});
   out.alternatives = {
       {"value path sum_h ||P^h (x) W_h|| x LayerNorm factor max_j ell_j", UpperBound(value_path)},
@@ -138,6 +141,7 @@ EngineBound BlockNormBound(const AttentionLayer& L, const TokenCover& cover, con
       {"row and column sums of the block bounds", UpperBound(schur)},
       {"LayerNorm factor max_j ell_j", UpperBound(ell_max)},
   };
+  if (capped) out.alternatives.push_back({"L2 operator bound for every input x LayerNorm factor", UpperBound(operator_cap)});
   return out;
 }
 

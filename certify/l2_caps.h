@@ -36,4 +36,24 @@ L2HeadCaps CapsOfL2Head(const AttentionLayer& layer, int h);
 // dot layer.
 L2BlockCaps L2AttentionCaps(const AttentionLayer& layer, int head, int len);
 
+// The whole attention Jacobian at once, for every input of n tokens (norm 2; docs/engines.md,
+// "L2 attention: one operator bound for every input"). Head h is J_h = V_h T_h Wq_h token by
+// token, T_h acting on the queries Q = X Wq_h^T:
+//   (T dQ)_i = sum_k P_ik dq_k + (2/c) Cov_i dq_i + (2/c) sum_k P_ik (q_k - qbar_i)(q_i - q_k)^T dq_k,
+// with ||P||_2 <= sqrt(1 + (n-1)/2) (P_ik <= 1/2 off the diagonal), ||Cov_i|| <= s and,
+// by Cauchy-Schwarz over the pairs (i, k), the last term <= (2/c) sqrt(s (n-1) c W0(1/e)).
+// All of it is free of c:
+//   ||T|| <= sqrt((n+1)/2) + 2 W0((n-1)/e) + 2 sqrt((n-1) W0(1/e) W0((n-1)/e)).
+// The heads combine by a sum or through the concatenation: sum_h V_h T_h Wq_h =
+// [V_1 .. V_H] diag(T_h) [Wq_1; ..; Wq_H], so each path gets the smaller of
+// sum_h ||V_h Wq_h|| (value) or sum_h ||V_h|| ||Wq_h|| (logit) and ||[V_1 .. V_H]|| ||Wq||.
+struct L2OperatorCap {
+  UpperBound value_path{kInf};  // ||sum_h P^h (x) V_h Wq_h||
+  UpperBound logit_path{kInf};  // the rest of J_MHA
+  UpperBound total{kInf};       // value_path + logit_path >= ||J_MHA(X)|| for every X
+};
+
+// Throws std::invalid_argument for a dot layer or n < 1.
+L2OperatorCap L2AttentionOperatorCap(const AttentionLayer& layer, int n);
+
 }  // namespace lipcert

@@ -3,6 +3,7 @@
 
 #include "certify/l2_caps.h"
 
+#include "certify/search.h"
 #include "models/forward.h"
 #include "tests/certify/test_util.h"
 
@@ -70,10 +71,84 @@ TEST(L2CapsTest, L2CapsHoldAtEveryScale) {
   EXPECT_GT(worst, 0.01);  // the scales sweep through the peak: the caps are not vacuous
 }
 
+// The operator bound for every input holds, in MPFR, at inputs of every scale, on the
+// structured inputs where the caps' inequalities are tight (every query at the distance where
+// P d^2 peaks from one key, on one line and spread over orthogonal directions), and at the
+// lower-bound search's witnesses on sets of radius 10 to 1000; at one token it is exact
+// for one head (J = V Wq, P = 1, no logit path).
+TEST(L2CapsTest, L2OperatorCapHoldsForEveryInput) {
+  mpfr::mpreal::set_default_prec(256);
+  std::mt19937_64 rng(20261208);
+  std::normal_distribution<double> gauss(0.0, 1.0);
+  const int cases = int(40 * TestScale());
+  double worst = 0;
+  int checked = 0, exact = 0;
+  for (int t = 0; t < 20 * cases && checked < cases; ++t) {
+    RandomLayerOptions lo;
+    lo.max_width = 5;
+    AttentionLayer L = RandomLayer(rng, lo);
+    if (L.kind != AttentionKind::kL2) continue;
+    L.layer_norm.reset();
+    const int n = std::uniform_int_distribution<int>(1, 5)(rng), d = L.d_model;
+    const double cap = L2AttentionOperatorCap(L, n).total.value();
+    ASSERT_TRUE(std::isfinite(cap));
+    auto check = [&](const Eigen::MatrixXd& x, const char* what) {
+      const double j = JacobianNormMp(L, x, NormKind::kL2);
+      ASSERT_GE(cap, j * (1 - 1e-12)) << "case " << t << ", " << what;
+      if (n > 1) worst = std::max(worst, j / cap);
+    };
+    for (int s = 0; s < 8; ++s) {  // random inputs from 10^-1.5 to 10^1.5
+      Eigen::MatrixXd x(n, d);
+      for (int a = 0; a < n; ++a)
+        for (int c = 0; c < d; ++c) x(a, c) = std::pow(10.0, -1.5 + 3.0 * s / 7) * gauss(rng);
+      check(x, "random");
+    }
+    // Key 0 at the origin, the other tokens where P d^2 peaks along head 0's top input
+    // direction (alternating sides) and along orthogonal input directions.
+    const Eigen::JacobiSVD<Eigen::MatrixXd> svd(L.wq_head(0), Eigen::ComputeFullV);
+    const double t_peak = 1 + 0.2785, c = std::sqrt(double(L.head_dim_qk));
+    for (double stretch : {0.5, 1.0, 2.0}) {
+      Eigen::MatrixXd line = Eigen::MatrixXd::Zero(n, d), star = Eigen::MatrixXd::Zero(n, d);
+      const double r = stretch * std::sqrt(t_peak * c) / std::max(svd.singularValues()(0), 1e-3);
+      for (int a = 1; a < n; ++a) {
+        line.row(a) = (a % 2 ? r : -r) * svd.matrixV().col(0).transpose();
+        star.row(a) = (a % 2 ? r : -r) * svd.matrixV().col((a / 2) % d).transpose();
+      }
+      check(line, "line");
+      check(star, "star");
+    }
+    InputSet set;
+    set.kind = SetKind::kTokens;
+    set.center = Eigen::MatrixXd::Zero(n, d);
+    SearchOptions so;
+    so.starts = 6;
+    so.max_steps = 60;
+    so.max_rounds = 1;
+    so.threads = 1;
+    for (double radius : {10.0, 1000.0}) {
+      set.radius = radius;
+      so.seed = 7 + t;
+      const double w = SearchLowerBound(L, set, so).best.lower_bound.value();
+      ASSERT_GE(cap, w) << "case " << t << ", searched witness at radius " << radius;
+      if (n > 1) worst = std::max(worst, w / cap);
+    }
+    if (n == 1 && L.heads == 1) {  // P = 1: the bound is ||V Wq|| itself, up to rounding
+      EXPECT_LE(cap, JacobianNormMp(L, Eigen::MatrixXd::Zero(1, d), NormKind::kL2) * (1 + 1e-9)) << "case " << t;
+      ++exact;
+    }
+    ++checked;
+  }
+  EXPECT_EQ(checked, cases);
+  EXPECT_GT(exact, 0);
+  std::printf("L2 operator cap: largest witness / cap at two or more tokens %.3g\n", worst);
+  EXPECT_GT(worst, 0.05);  // not vacuous
+}
+
 TEST(L2CapsTest, DotLayerIsRefused) {
   AttentionLayer L;
   L.kind = AttentionKind::kDot;
   EXPECT_THROW(L2AttentionCaps(L, 0, 1), std::invalid_argument);
+  EXPECT_THROW(L2AttentionOperatorCap(L, 1), std::invalid_argument);
 }
 
 }  // namespace
