@@ -6,8 +6,13 @@
 #include <stdexcept>
 
 #include "certify/layer_norm_cover.h"
+#include "certify/engine_bound.h"
+#include "certify/centre_norm.h"
+#include "certify/dense_jacobian.h"
+#include "certify/probable_norm.h"
 #include "certify/search.h"
 #include "certify/witness_eval.h"
+#include "interval/norms.h"
 #include "models/forward.h"
 
 namespace lipcert {
@@ -50,6 +55,69 @@ PostLayerNormBound ComposePostLayerNorm(const AttentionLayer& L, const TokenCove
   const MhaInput in = MhaInputOver(ln_only, yc, p);
   out.ln_upper = UpperBound(in.ell.maxCoeff());  // J_LN(Y) is block-diagonal: its norm is the largest block's
   out.upper = UpperBound(MulUp(out.ln_upper.value(), AddUp(1.0, mha_p.value())));
+  return out;
+}
+
+// Two (ND)^2 interval enclosures (4 (ND)^2 doubles) at N*D = 8192 are 2 GiB.
+constexpr int kPostLnDenseLimit = 8192;
+
+EngineBound PostLnCentreBound(const AttentionLayer& L, const Eigen::MatrixXd& x0, const BoundOptions& opts) {
+  constexpr const char* kName = "post_ln_centre";
+  if (!L.post_ln()) throw std::invalid_argument("post_ln: the layer has no post-LN LayerNorm");
+  const AttentionLayer mha = L.WithoutPostLayerNorm();
+  if (mha.layer_norm) throw std::invalid_argument("post_ln_centre: a layer with both LayerNorms");
+  const int n = int(x0.rows()), d = int(x0.cols());
+  InputSet point;
+  point.kind = SetKind::kBall;
+  point.center = x0;
+  point.radius = 0;
+  const TokenCover cover = CoverOf(point);
+  // J_MHA(X0), enclosed densely (the centre_norm engine's assembly, GEMMs for dot attention),
+  // held transposed: the norm of (blockdiag(L_j) (I + J_MHA))^T = (I + J_MHA)^T blockdiag(L_j^T)
+  // is the same, and so is the crude bound sqrt(||.||_1 ||.||_inf) of J_MHA.
+  CentreNormOptions co;
+  co.mha_only = true;
+  co.threads = opts.threads;
+  co.deadline = opts.deadline;
+  co.dense_limit = long(n) * d;
+  if (opts.deadline != std::chrono::steady_clock::time_point::max()) {
+    const double left = std::chrono::duration<double>(opts.deadline - std::chrono::steady_clock::now()).count();
+    const double predicted = CentreNormSecondsEstimate(mha, n, co);
+    if (predicted > left) {
+      EngineBound out = TimedOutBound(kName);
+      out.note = "predicted " + std::to_string(predicted) + " s, above the " + std::to_string(left) + " s left (not started)";
+      return out;
+    }
+  }
+  IntervalMatrix at = CentreJacobianEnclosure(mha, x0, co).transpose();
+  if (DeadlinePassed(opts)) return TimedOutBound(kName);
+  const double jm_crude = NormL2UpperCrude(at).value();
+  for (Eigen::Index i = 0; i < at.rows(); ++i) {  // + I, the rounding of mid + 1 into the radius
+    const Interval e = Interval(at.mid(i, i)) + Interval(1.0);
+    const double mid = 0.5 * e.lo + 0.5 * e.hi;
+    at.rad(i, i) = AddUp(at.rad(i, i), std::max(SubUp(e.hi, mid), SubUp(mid, e.lo)));
+    at.mid(i, i) = mid;
+  }
+  // Y0 = X0 + MHA(X0) within balls around exact centres yc_j; J_LN at yc_j enclosed, and
+  // sup ||J_LN(y) - J_LN(yc_j)|| over each ball (delta_ln).
+  const PostLayerNormBound y = ComposePostLayerNorm(L, cover, UpperBound(0), UpperBound(0), NormKind::kL2);
+  if (!std::isfinite(y.upper.value())) return TimedOutBound(kName);
+  AttentionLayer ln_only = mha;
+  ln_only.layer_norm = *L.post_layer_norm;
+  const MhaInput lin = MhaInputOver(ln_only, y.y_cover, NormKind::kL2);
+  std::vector<IntervalMatrix> ln_t;
+  for (const IntervalMatrix& m : lin.ln_jac) ln_t.push_back(m.transpose());
+  bool timed_out = false;
+  IntervalMatrix jf_t = ComposeWithLayerNorm(at, ln_t, opts.threads, n, d, false, opts.deadline, &timed_out);
+  at = IntervalMatrix();  // memory: two (ND)^2 enclosures at most at once
+  if (timed_out || DeadlinePassed(opts)) return TimedOutBound(kName);
+  const double centre = NormL2UpperGram(jf_t, opts.threads, nullptr, opts.deadline).value();
+  if (!std::isfinite(centre)) return TimedOutBound(kName);
+  const double moved = MulUp(lin.delta_ln.maxCoeff(), AddUp(1.0, jm_crude));
+  EngineBound out;
+  out.upper = UpperBound(AddUp(centre, moved));
+  out.terms.push_back({"||J_LN(Yc) (I + J_MHA(X0))||, dense", UpperBound(centre)});
+  out.terms.push_back({"enclosure of Y0: max_j ||J_LN(y_j) - J_LN(yc_j)|| (1 + ||J_MHA||)", UpperBound(moved)});
   return out;
 }
 
@@ -106,7 +174,27 @@ Certificate CertifyPostLayerNorm(const AttentionLayer& L, const InputSet& set, c
   mo.on_improvement = nullptr;
   mo.progress = false;  // its figures are MHA's, not f's
   mo.norm = NormKind::kL2;
-  mo.time_limit_s = o.time_limit_s * (o.norm == NormKind::kL2 ? 0.8 : 0.4);
+  // At a point in norm 2 and up to the dense size, J_f(X0) itself is certified densely
+  // first (PostLnCentreBound, until 70% of the limit); MHA's certificate then gets 40% of
+  // the limit or half of what is left, whichever is less.
+  const bool dense_centre = set.radius == 0 && o.norm == NormKind::kL2 && !mha.layer_norm &&
+                            long(set.center.size()) <= long(std::min(o.engines.dense_limit, kPostLnDenseLimit));
+  EngineResult dense{"post_ln_centre", UpperBound(kInf), 0, "", false, {}};
+  if (dense_centre) {
+    BoundOptions bo;
+    bo.threads = o.threads;
+    bo.deadline = start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(0.7 * o.time_limit_s));
+    const EngineBound e = PostLnCentreBound(L, set.center, bo);
+    dense.upper = e.upper;
+    dense.applied = !e.timed_out;
+    dense.terms = e.terms;
+    dense.note = e.timed_out ? (e.note.empty() ? "did not finish before its deadline" : e.note) : "";
+    dense.seconds = SecondsSince(start);
+  }
+  mo.time_limit_s = o.norm == NormKind::kL2 ? 0.8 * o.time_limit_s : 0.4 * o.time_limit_s;
+  if (dense_centre)  // once J_f(X0) is certified, MHA's composed bound can only be looser: 10%
+    mo.time_limit_s = std::max(0.05, std::min((dense.applied ? 0.1 : 0.4) * o.time_limit_s,
+                                              0.5 * (o.time_limit_s - SecondsSince(start))));
   const Certificate c2 = Certify(mha, set, mo, provenance);
   Certificate cp = c2;
   if (o.norm != NormKind::kL2) {
@@ -134,6 +222,26 @@ Certificate CertifyPostLayerNorm(const AttentionLayer& L, const InputSet& set, c
                      std::to_string(cp.upper_bound.value()) + " [" + engines_of(cp) + "])";
   if (o.norm != NormKind::kL2) note += "; cover from mha_upper(l2) " + std::to_string(c2.upper_bound.value());
   c.engines.push_back({"post_ln_composition", b.upper, compose_s, note, true, {}});
+  if (dense_centre) {
+    c.engines.push_back(dense);
+    if (dense.upper.value() < c.upper_bound.value()) c.upper_bound = dense.upper;
+  }
+
+  // Beside the certificate: at a point (radius 0), ||J_f(X0)||_2 by randomized Lanczos on f
+  // itself. Over a set there is no certified variation of J_f to add it to, so none.
+  c.probabilistic.reset();
+  if (o.probabilistic.enabled && o.norm == NormKind::kL2 && set.radius == 0) {
+    ProbableNormOptions po;
+    po.failure_probability = o.probabilistic.failure_probability;
+    po.time_limit_s = std::max(0.05, o.probabilistic.share * o.time_limit_s);
+    po.seed = o.probabilistic.seed;
+    ProbabilisticBound p;
+    p.centre = ProbableJacobianNormUpper(L, set.center, po);
+    p.failure_probability = po.failure_probability;
+    p.value = p.centre.value;
+    p.route = "the centre: randomized Lanczos on LN(X + MHA(X))";
+    c.probabilistic = p;
+  }
 
   // Witness on f: every candidate re-evaluated rigorously at a point certainly in the set.
   c.lower_bound = LowerBound(0);
@@ -161,19 +269,26 @@ Certificate CertifyPostLayerNorm(const AttentionLayer& L, const InputSet& set, c
   }
   // The search on f itself with what is left: its ascent follows MHA's Jacobian (the
   // kernels evaluator knows MHA only), its final witness is re-evaluated on f.
-  if (const double left = 0.9 * (o.time_limit_s - SecondsSince(start)); left > 0.05) {
+  const bool met = c.upper_bound.value() <= MulDown(c.lower_bound.value(), 1 + o.tolerance);
+  if (const double left = 0.9 * (o.time_limit_s - SecondsSince(start)); left > 0.05 && !met) {
     SearchOptions so;
     so.norm = o.norm;
     so.seed = o.seed;
     so.threads = o.threads;
     so.max_rounds = o.search.max_rounds;
     so.time_limit_s = left;
+    so.stop_at = c.upper_bound.value() / (1 + o.tolerance);
     const Witness w = SearchLowerBound(L, set, so).best;
     if (w.lower_bound.value() > c.lower_bound.value()) {
       c.lower_bound = w.lower_bound;
       c.witness = w;
       c.witness.origin = "search:" + w.origin;
     }
+  }
+  // The certified bound holds with probability 1: the probabilistic one is never above it.
+  if (c.probabilistic && c.upper_bound.value() < c.probabilistic->value) {
+    c.probabilistic->value = c.upper_bound.value();
+    c.probabilistic->route = "the certified bound (below the probabilistic route)";
   }
   c.status = c.upper_bound.value() <= MulDown(c.lower_bound.value(), 1 + o.tolerance) ? CertificateStatus::kTolerance
                                                                                      : cp.status;

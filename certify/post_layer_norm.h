@@ -13,6 +13,7 @@
 
 #include "certify/certificate.h"
 #include "certify/certify.h"
+#include "certify/engine_bound.h"
 #include "certify/input_set.h"
 #include "certify/token_cover.h"
 #include "interval/elementary.h"
@@ -32,6 +33,13 @@ struct PostLayerNormBound {
 // `layer` has no post-LN.
 PostLayerNormBound ComposePostLayerNorm(const AttentionLayer& layer, const TokenCover& cover, UpperBound mha_l2,
                                         UpperBound mha_p, NormKind p, ExpBackend exp_backend = DefaultExpBackend());
+
+// At a point (radius 0, norm 2): J_f(X0) = J_LN(Y0) (I + J_MHA(X0)) enclosed as a dense
+// (ND x ND) interval matrix and its norm certified (Cholesky, interval/norms.h). Y0 is
+// enclosed in balls around exact centres yc_j, so
+//   ||J_f(X0)|| <= ||blockdiag(J_LN(yc_j)) (I + J_MHA(X0))|| + max_j sup ||J_LN(y_j) - J_LN(yc_j)|| (1 + ||J_MHA||).
+// The layer must have no pre-LN. Timed out (upper +inf) once opts.deadline passes.
+EngineBound PostLnCentreBound(const AttentionLayer& layer, const Eigen::MatrixXd& x0, const BoundOptions& opts);
 
 // Certify() for a post-LN layer: the MHA-only layer is certified (norm 2, and the norm
 // asked for when it is inf) with most of the time, the bounds composed, and the witness

@@ -3,12 +3,16 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <functional>
+#include <memory>
+#include <optional>
 #include <random>
 #include <stdexcept>
 #include <vector>
 
 #include "interval/fp_environment.h"
 #include "kernels/evaluator.h"
+#include "models/forward.h"
 
 namespace lipcert {
 
@@ -74,17 +78,32 @@ ProbableUpperBound ProbableJacobianNormUpper(const AttentionLayer& layer, const 
   // Every step the run could stop at gets delta / max_krylov (union bound).
   const double delta_step = o.failure_probability / double(o.max_krylov);
 
-  EvaluatorOptions eo;
-  eo.device = Device::kCpu;
-  eo.dtype = DType::kF64;
-  eo.threads = 1;
-  const auto eval = MakeJacobianEvaluator(layer, tokens, eo);
+  // out = J^T J v, v and out flat in row-major (token, feature) order. The kernels evaluator
+  // knows the attention and the pre-LN sublayer; the post-LN sublayer LN(X + MHA(X)) goes
+  // through the model's own JVP and VJP (models/forward.h).
+  std::function<void(const double*, double*)> apply_normal;
+  std::unique_ptr<JacobianEvaluator> eval;
+  std::optional<LayerState<double>> state;
   const RowMajorXd x = x0;
-  auto apply_normal = [&](const double* v, double* out) {  // out = J^T J v
-    RowMajorXd jv(tokens, layer.d_model);
-    eval->Jvp(x.data(), v, 1, jv.data());
-    eval->Vjp(x.data(), jv.data(), 1, out);
-  };
+  if (layer.post_ln()) {
+    state = Evaluate<double>(layer, x0);
+    apply_normal = [&](const double* v, double* out) {
+      const Eigen::MatrixXd dv = Eigen::Map<const RowMajorXd>(v, tokens, layer.d_model);
+      const Eigen::MatrixXd w = Vjp<double>(layer, *state, Jvp<double>(layer, *state, dv));
+      Eigen::Map<RowMajorXd>(out, tokens, layer.d_model) = w;
+    };
+  } else {
+    EvaluatorOptions eo;
+    eo.device = Device::kCpu;
+    eo.dtype = DType::kF64;
+    eo.threads = 1;
+    eval = MakeJacobianEvaluator(layer, tokens, eo);
+    apply_normal = [&](const double* v, double* out) {
+      RowMajorXd jv(tokens, layer.d_model);
+      eval->Jvp(x.data(), v, 1, jv.data());
+      eval->Vjp(x.data(), jv.data(), 1, out);
+    };
+  }
 
   ProbableUpperBound r;
   r.failure_probability = o.failure_probability;

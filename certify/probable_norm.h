@@ -64,8 +64,8 @@ struct ProbableUpperBound {
 // is not below 1. Rounded so that the eps returned is at least the exact one.
 double KuczynskiWozniakowskiEpsilon(double n, int k, double delta);
 
-// The bound for the layer's full Jacobian at x0 (N x D), as the evaluator computes J
-// (the sublayer X + MHA(LN(X)) included). Throws std::invalid_argument on invalid options
+// The bound for the layer's full Jacobian at x0 (N x D): the attention, the pre-LN sublayer
+// X + MHA(LN(X)) and the post-LN sublayer LN(X + MHA(X)) alike. Throws std::invalid_argument on invalid options
 // or a centre whose width is not the layer's d_model.
 ProbableUpperBound ProbableJacobianNormUpper(const AttentionLayer& layer, const Eigen::MatrixXd& x0,
                                              const ProbableNormOptions& opts);

@@ -45,10 +45,10 @@ for f in sorted(glob.glob(os.path.join(sys.argv[1], "*.json"))):
     fmt = lambda v: "n/a" if v is None else f"{v:.4g}"
     rows.append("| {} | {} | {} | {:.4g} | {} | {} | {} | {} | {} | {} | {} | {:.1f} |".format(
         os.path.basename(c["model"]["path"]), c["set"]["centre"].split(":")[-1], c["set"]["kind"], c["set"]["radius"],
-        fmt(e.get("closed_form/castin", e.get("closed_form/kim"))), fmt(e.get("block_norm")), fmt(e.get("centred")),
+        fmt(e.get("closed_form/castin", e.get("closed_form/kim"))), fmt(e.get("block_norm")), fmt(e.get("centre_norm", e.get("centred"))),
         fmt(e.get("branch_and_bound")), fmt(c["upper_bound"]), fmt(c["lower_bound"]), fmt(c["gap"]), c["elapsed_s"])
         + (" |" if c["layer"]["layer_norm"] else " MHA alone |"))
-print("| model | centre | set | radius | closed form | block_norm | centred | b&b | upper | lower | gap | s | |")
+print("| model | centre | set | radius | closed form | block_norm | centre_norm | b&b | upper | lower | gap | s | |")
 print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
 print("\n".join(rows))
 PY

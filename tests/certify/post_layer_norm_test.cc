@@ -14,6 +14,7 @@
 #include "certify/block_norm_engine.h"
 #include "certify/centred_engine.h"
 #include "certify/pipeline.h"
+#include "certify/probable_norm.h"
 #include "certify/search.h"
 #include "certify/witness_eval.h"
 #include "models/forward.h"
@@ -156,6 +157,98 @@ TEST(PostLayerNorm, CertifyWitnessBelowBoundAndBoundAboveMpfr) {
     ++checked;
   }
   EXPECT_EQ(checked, cases);
+}
+
+// The probabilistic field of a post-LN certificate is f's own: at a point it is randomized
+// Lanczos on J_f (above sigma_1 of J_f in MPFR, within the theorem's eps, between the
+// witness and the certified bound); over a set there is none (no certified variation of J_f
+// to add it to). MHA's own bound, which it once carried, can lie below f's witness.
+TEST(PostLayerNorm, ProbabilisticFieldIsTheSublayersOwn) {
+  mpfr::mpreal::set_default_prec(128);
+  std::mt19937_64 rng(123);
+  std::normal_distribution<double> g;
+  const long cases = testing::Count(6);
+  long checked = 0;
+  for (long c = 0; c < cases; ++c) {
+    const AttentionLayer L = RandomPostLn(int(c), rng);
+    const Eigen::MatrixXd x = Eigen::MatrixXd::NullaryExpr(3, L.d_model, [&] { return 2 * g(rng); });
+    // sigma_1(J_f(x)) in MPFR, its norm taken in double.
+    const M j = DenseJacobian<mpreal>(L, M(x.cast<mpreal>()));
+    Eigen::MatrixXd jd(j.rows(), j.cols());
+    for (Eigen::Index r = 0; r < j.rows(); ++r)
+      for (Eigen::Index k = 0; k < j.cols(); ++k) jd(r, k) = j(r, k).toDouble();
+    const double sigma = Eigen::JacobiSVD<Eigen::MatrixXd>(jd).singularValues()(0);
+    ProbableNormOptions po;
+    po.seed = 3 + c;
+    const ProbableUpperBound p = ProbableJacobianNormUpper(L, x, po);
+    EXPECT_GE(p.value, sigma * (1 + 1e-12)) << "case " << c;
+    EXPECT_LE(p.value, std::sqrt(1 + 1e-7) * sigma / std::sqrt(1 - p.epsilon) + 1e-12) << "case " << c;
+
+    InputSet set;
+    set.center = x;
+    set.radius = 0;
+    CertifyOptions o;
+    o.time_limit_s = 0.6;
+    o.probabilistic.seed = 5;
+    const Certificate at_point = Certify(L, set, o, Provenance{});
+    ASSERT_TRUE(at_point.probabilistic.has_value()) << "case " << c;
+    EXPECT_GE(at_point.probabilistic->value, sigma * (1 + 1e-12)) << "case " << c;
+    EXPECT_GE(at_point.probabilistic->value, at_point.lower_bound.value()) << "case " << c;
+    EXPECT_LE(at_point.probabilistic->value, at_point.upper_bound.value()) << "case " << c;
+    set.radius = 0.05;
+    EXPECT_FALSE(Certify(L, set, o, Provenance{}).probabilistic.has_value()) << "case " << c;
+    ++checked;
+  }
+  EXPECT_EQ(checked, cases);
+}
+
+// At a point the dense route certifies ||J_f(X0)||_2 itself: above sigma_1 of the MPFR
+// Jacobian of LN(X + MHA(X)) and within 1e-6 of it, on random post-LN layers (dot and L2,
+// masks, biases); in Certify it is the engine that wins at radius 0.
+TEST(PostLayerNorm, DenseCentreIsExactAtAPoint) {
+  mpfr::mpreal::set_default_prec(128);
+  std::mt19937_64 rng(321);
+  std::normal_distribution<double> g;
+  const long cases = testing::Count(8);
+  long checked = 0;
+  for (long c = 0; c < cases; ++c) {
+    const AttentionLayer L = RandomPostLn(int(c), rng);
+    const Eigen::MatrixXd x = Eigen::MatrixXd::NullaryExpr(2 + c % 3, L.d_model, [&] { return 2 * g(rng); });
+    const M j = DenseJacobian<mpreal>(L, M(x.cast<mpreal>()));
+    Eigen::MatrixXd jd(j.rows(), j.cols());
+    for (Eigen::Index r = 0; r < j.rows(); ++r)
+      for (Eigen::Index k = 0; k < j.cols(); ++k) jd(r, k) = j(r, k).toDouble();
+    const double sigma = Eigen::JacobiSVD<Eigen::MatrixXd>(jd).singularValues()(0);
+    const EngineBound e = PostLnCentreBound(L, x, BoundOptions{});
+    ASSERT_FALSE(e.timed_out) << "case " << c;
+    EXPECT_GE(e.upper.value(), sigma * (1 + 1e-12)) << "case " << c;
+    EXPECT_LE(e.upper.value(), sigma * (1 + 1e-6)) << "case " << c;
+    ASSERT_EQ(e.terms.size(), 2u);
+
+    InputSet set;
+    set.center = x;
+    set.radius = 0;
+    CertifyOptions o;
+    o.time_limit_s = 1;
+    const Certificate cert = Certify(L, set, o, Provenance{});
+    ASSERT_EQ(cert.engines.size(), 2u);
+    EXPECT_EQ(cert.engines[1].name, "post_ln_centre");
+    EXPECT_EQ(cert.upper_bound.value(), std::min(cert.engines[0].upper.value(), e.upper.value())) << "case " << c;
+    EXPECT_LE(cert.lower_bound.value(), sigma * (1 + 1e-12)) << "case " << c;
+    ++checked;
+  }
+  EXPECT_EQ(checked, cases);
+}
+
+// A deadline already passed: the dense route reports a timeout, never a number.
+TEST(PostLayerNorm, DenseCentreHonoursItsDeadline) {
+  std::mt19937_64 rng(322);
+  const AttentionLayer L = RandomPostLn(0, rng);
+  BoundOptions o;
+  o.deadline = std::chrono::steady_clock::now() - std::chrono::seconds(1);
+  const EngineBound e = PostLnCentreBound(L, Eigen::MatrixXd::Ones(3, L.d_model), o);
+  EXPECT_TRUE(e.timed_out);
+  EXPECT_EQ(e.upper.value(), kInf);
 }
 
 // SearchLowerBound given a post-LN layer directly: its witness is re-evaluated on f, so it
