@@ -549,7 +549,8 @@ AuditPlan ReadAuditFile(const std::string& path) {
                     if (match) job.thresholds.Tighten(rule.limits);
                     rule.matched = rule.matched || match;
                   }
-                  job.key = Sha256Hex(spec.dump() + "\n" + job.checkpoint_sha256 + "\n" + job.centre_sha256);
+                  job.key = Sha256Hex(spec.dump() + "\n" + job.checkpoint_sha256 + "\n" + job.centre_sha256 + "\n" +
+                                      ExecutableSha256());
                   plan.jobs.push_back(std::move(job));
                 }
         }

@@ -45,8 +45,8 @@ struct AuditJob {
   Thresholds thresholds;
   std::string checkpoint_name;  // for the table
   std::string checkpoint_sha256, centre_sha256;
-  // sha256 of (spec, checkpoint sha256, centre file sha256): a changed entry or file
-  // invalidates exactly the jobs it touches.
+  // sha256 of (spec, checkpoint sha256, centre file sha256, lipcert's build): a changed entry
+  // or file invalidates exactly the jobs it touches, and a rebuilt lipcert all of them.
   std::string key;
 };
 

@@ -135,4 +135,15 @@ std::string Sha256HexOfFile(const std::string& path) {
   return Hex(h.Final());
 }
 
+const std::string& ExecutableSha256() {
+  static const std::string id = [] {
+    try {
+      return Sha256HexOfFile("/proc/self/exe");
+    } catch (const std::exception&) {
+      return std::string("unknown");
+    }
+  }();
+  return id;
+}
+
 }  // namespace lipcert

@@ -27,5 +27,9 @@ class Sha256 {
 std::string Sha256Hex(std::string_view bytes);
 // Lower-case hex digest of a file's contents, read in chunks. Throws InputError(path, "file", ...).
 std::string Sha256HexOfFile(const std::string& path);
+// The running program's build: the hex digest of its executable (/proc/self/exe), computed
+// once; "unknown" where it cannot be read. Journals of sweeps and audits carry it, so that
+// a rebuilt lipcert certifies their points again instead of resuming another build's results.
+const std::string& ExecutableSha256();
 
 }  // namespace lipcert

@@ -1,6 +1,8 @@
 // The sweep driver: plan the points, resume from the journal, certify the rest, write.
 #include "reports/sweep.h"
 
+#include "models/sha256.h"
+
 #include <unistd.h>
 
 #include <algorithm>
@@ -220,6 +222,13 @@ SweepSummary RunSweep(const SweepOptions& o) {
   // Resume: the journal's points that this sweep plans are kept; others mean another sweep.
   json journal = ReadJournal(journal_path);
   std::map<std::string, json> done;
+  // Another build of lipcert: its points are certified again (the journal is then rewritten).
+  if (journal.is_object() && journal.value("lipcert_build", std::string()) != ExecutableSha256()) {
+    if (o.progress)
+      std::fprintf(stderr, "sweep: %s was written by another build of lipcert: its points are certified again\n",
+                   journal_path.c_str());
+    journal = json();
+  }
   if (journal.is_object()) {
     for (const json& p : journal["points"]) {
       const std::string key = p["key"].get<std::string>();
@@ -232,6 +241,7 @@ SweepSummary RunSweep(const SweepOptions& o) {
   const int threads = o.threads > 0 ? o.threads : int(std::max(1u, std::thread::hardware_concurrency()));
   json doc = {{"schema", "lipcert.sweep/1"},
               {"lipcert_version", LipcertVersion()},
+              {"lipcert_build", ExecutableSha256()},
               {"command_line", o.command_line},
               {"started", journal.is_object() ? journal.value("started", UtcNow()) : UtcNow()},
               {"updated", UtcNow()},

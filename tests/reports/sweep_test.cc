@@ -1,5 +1,6 @@
 // The sweep driver: plan, journal, resume, outputs; a BERT-preset checkpoint with every layer.
 #include "reports/sweep.h"
+#include "models/sha256.h"
 
 #include <gtest/gtest.h>
 
@@ -87,6 +88,15 @@ TEST(Sweep, WritesEveryPointAndResumesWithoutRecomputing) {
   EXPECT_EQ(third.computed, 1);
   EXPECT_EQ(third.resumed, 7);
   EXPECT_EQ(ReadJson(out + "/sweep.json")["points"].size(), 8u);
+  EXPECT_EQ(ReadJson(out + "/sweep.json")["lipcert_build"], ExecutableSha256());
+  // A journal written by another build of lipcert: every point is certified again.
+  nlohmann::json foreign = ReadJson(out + "/sweep.json");
+  foreign["lipcert_build"] = "another-build";
+  std::ofstream(out + "/sweep.json") << foreign.dump();
+  const SweepSummary fourth = RunSweep(o);
+  EXPECT_EQ(fourth.computed, 8);
+  EXPECT_EQ(fourth.resumed, 0);
+  EXPECT_EQ(ReadJson(out + "/sweep.json")["lipcert_build"], ExecutableSha256());
   const std::string html = [&] {
     std::ifstream f(out + "/report.html");
     std::stringstream ss;
