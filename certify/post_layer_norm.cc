@@ -174,37 +174,79 @@ Certificate CertifyPostLayerNorm(const AttentionLayer& L, const InputSet& set, c
   mo.on_improvement = nullptr;
   mo.progress = false;  // its figures are MHA's, not f's
   mo.norm = NormKind::kL2;
-  // At a point in norm 2 and up to the dense size, J_f(X0) itself is certified densely
-  // first (PostLnCentreBound, until 70% of the limit); MHA's certificate then gets 40% of
-  // the limit or half of what is left, whichever is less.
-  const bool dense_centre = set.radius == 0 && o.norm == NormKind::kL2 && !mha.layer_norm &&
+  // In norm 2 and up to the dense size, J_f(X0) itself is certified densely
+  // (PostLnCentreBound). At a point it runs first (until 70% of the limit), and MHA's
+  // certificate then gets 40% of the limit or half of what is left, whichever is less (10%
+  // once J_f(X0) is certified: the composed bound can only be looser). Over a set, MHA's
+  // certificate runs first with half of the limit (its bound and its centre_norm variation
+  // enter the variation of J_f below), then the centre until 85%.
+  const bool dense_centre = o.norm == NormKind::kL2 && !mha.layer_norm &&
                             long(set.center.size()) <= long(std::min(o.engines.dense_limit, kPostLnDenseLimit));
+  const bool at_point = set.radius == 0;
   EngineResult dense{"post_ln_centre", UpperBound(kInf), 0, "", false, {}};
-  if (dense_centre) {
+  const auto run_dense = [&](double until) {
+    const auto t0 = Clock::now();
     BoundOptions bo;
     bo.threads = o.threads;
-    bo.deadline = start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(0.7 * o.time_limit_s));
+    bo.deadline = start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(until * o.time_limit_s));
     const EngineBound e = PostLnCentreBound(L, set.center, bo);
     dense.upper = e.upper;
     dense.applied = !e.timed_out;
     dense.terms = e.terms;
     dense.note = e.timed_out ? (e.note.empty() ? "did not finish before its deadline" : e.note) : "";
-    dense.seconds = SecondsSince(start);
-  }
+    dense.seconds = SecondsSince(t0);
+  };
+  if (dense_centre && at_point) run_dense(0.7);
   mo.time_limit_s = o.norm == NormKind::kL2 ? 0.8 * o.time_limit_s : 0.4 * o.time_limit_s;
-  if (dense_centre)  // once J_f(X0) is certified, MHA's composed bound can only be looser: 10%
+  if (dense_centre && at_point)
     mo.time_limit_s = std::max(0.05, std::min((dense.applied ? 0.1 : 0.4) * o.time_limit_s,
                                               0.5 * (o.time_limit_s - SecondsSince(start))));
+  if (dense_centre && !at_point) mo.time_limit_s = 0.5 * o.time_limit_s;
   const Certificate c2 = Certify(mha, set, mo, provenance);
   Certificate cp = c2;
   if (o.norm != NormKind::kL2) {
     mo.norm = o.norm;
     cp = Certify(mha, set, mo, provenance);
   }
+  if (dense_centre && !at_point) run_dense(0.85);
   const TokenCover cover = CoverOf(set);
   const auto t_compose = Clock::now();
   const PostLayerNormBound b = ComposePostLayerNorm(L, cover, c2.upper_bound, cp.upper_bound, o.norm);
   const double compose_s = SecondsSince(t_compose);
+  if (dense_centre && !at_point && dense.applied) {
+    // Over the set, with yc the centre of the cover of Y (the same as the centre route's:
+    // both enclose X0 + MHA(X0) alike) and J_LN(Y) = J_LN(yc) + Delta, ||Delta|| <= delta_ln:
+    //   J_f(X) = J_LN(yc)(I + J_M(X0)) + J_LN(yc)(J_M(X) - J_M(X0)) + Delta (I + J_M(X)),
+    //   sup_S ||J_f|| <= ||J_LN(yc)(I + J_M(X0))|| + ln_upper V_M + delta_ln (1 + U_M),
+    // V_M the centre_norm engine's certified variation of MHA, U_M MHA's certified bound.
+    const EngineResult* cn = nullptr;
+    for (const EngineResult& e : c2.engines)
+      if (e.name == "centre_norm" && e.applied && std::isfinite(e.upper.value()) && e.terms.size() > 1) cn = &e;
+    const PostLayerNormBound at_x0 = ComposePostLayerNorm(L, CoverOf(InputSet{set.kind, set.center, 0.0}), UpperBound(0),
+                                                          UpperBound(0), NormKind::kL2);
+    if (!cn) {
+      dense.applied = false;
+      dense.upper = UpperBound(kInf);
+      dense.note = "MHA's certificate has no centre_norm variation to add to the centre";
+    } else if (!std::isfinite(b.upper.value()) || at_x0.y_cover.center != b.y_cover.center) {
+      dense.applied = false;
+      dense.upper = UpperBound(kInf);
+      dense.note = "no cover of Y";
+    } else {
+      double variation = 0;
+      for (size_t i = 1; i < cn->terms.size(); ++i) variation = AddUp(variation, cn->terms[i].value.value());
+      AttentionLayer ln_only = mha;
+      ln_only.layer_norm = *L.post_layer_norm;
+      const double delta_ln = MhaInputOver(ln_only, b.y_cover, NormKind::kL2).delta_ln.maxCoeff();
+      const UpperBound centre = dense.terms.at(0).value;
+      const UpperBound through_mha(MulUp(b.ln_upper.value(), variation));
+      const UpperBound through_ln(MulUp(delta_ln, AddUp(1.0, c2.upper_bound.value())));
+      dense.terms = {{"||J_LN(Yc) (I + J_MHA(X0))||, dense", centre},
+                     {"ln_upper x MHA variation (centre_norm)", through_mha},
+                     {"sup ||J_LN(Y) - J_LN(Yc)|| x (1 + mha_upper)", through_ln}};
+      dense.upper = UpperBound(AddUp(AddUp(centre.value(), through_mha.value()), through_ln.value()));
+    }
+  }
 
   Certificate c = cp;  // the layer's shape, the set, the numerics and provenance
   c.layer_norm = false;
@@ -223,6 +265,7 @@ Certificate CertifyPostLayerNorm(const AttentionLayer& L, const InputSet& set, c
   if (o.norm != NormKind::kL2) note += "; cover from mha_upper(l2) " + std::to_string(c2.upper_bound.value());
   c.engines.push_back({"post_ln_composition", b.upper, compose_s, note, true, {}});
   if (dense_centre) {
+    if (dense.note.empty() && !dense.applied) dense.note = "did not run";
     c.engines.push_back(dense);
     if (dense.upper.value() < c.upper_bound.value()) c.upper_bound = dense.upper;
   }

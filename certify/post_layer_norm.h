@@ -39,6 +39,8 @@ PostLayerNormBound ComposePostLayerNorm(const AttentionLayer& layer, const Token
 // enclosed in balls around exact centres yc_j, so
 //   ||J_f(X0)|| <= ||blockdiag(J_LN(yc_j)) (I + J_MHA(X0))|| + max_j sup ||J_LN(y_j) - J_LN(yc_j)|| (1 + ||J_MHA||).
 // The layer must have no pre-LN. Timed out (upper +inf) once opts.deadline passes.
+// CertifyPostLayerNorm also uses its first term over a set, adding sup ||J_LN|| times MHA's
+// certified centre_norm variation and sup ||J_LN(Y) - J_LN(yc)|| (1 + MHA's bound).
 EngineBound PostLnCentreBound(const AttentionLayer& layer, const Eigen::MatrixXd& x0, const BoundOptions& opts);
 
 // Certify() for a post-LN layer: the MHA-only layer is certified (norm 2, and the norm

@@ -146,7 +146,8 @@ TEST(PostLayerNorm, CertifyWitnessBelowBoundAndBoundAboveMpfr) {
     ASSERT_TRUE(std::isfinite(cert.upper_bound.value()));
     EXPECT_GT(cert.lower_bound.value(), 0);
     EXPECT_LE(cert.lower_bound.value(), cert.upper_bound.value());
-    ASSERT_EQ(cert.engines.size(), 1u);
+    // The composition; in norm 2 also the dense centre plus variation.
+    ASSERT_EQ(cert.engines.size(), o.norm == NormKind::kL2 ? 2u : 1u);
     EXPECT_EQ(cert.engines[0].name, "post_ln_composition");
     ASSERT_TRUE(set.Contains(cert.witness.x));
     EXPECT_LE(cert.lower_bound.value(), ExactRatio(L, cert.witness.x, cert.witness.v, o.norm));
@@ -238,6 +239,47 @@ TEST(PostLayerNorm, DenseCentreIsExactAtAPoint) {
     ++checked;
   }
   EXPECT_EQ(checked, cases);
+}
+
+// Over small balls the dense route adds the variation (MHA's centre_norm variation through
+// sup ||J_LN||, and the LayerNorm's own variation): its bound stays above ||J_f|| in MPFR at
+// the centre, at points on the boundary and at the ascent's points, and above the witness.
+TEST(PostLayerNorm, DenseCentrePlusVariationDominatesOverSmallBalls) {
+  mpfr::mpreal::set_default_prec(128);
+  std::mt19937_64 rng(323);
+  std::normal_distribution<double> g;
+  const long cases = testing::Count(8);
+  long checked = 0, routed = 0;
+  for (long c = 0; c < cases; ++c) {
+    const AttentionLayer L = RandomPostLn(int(c), rng);
+    InputSet set;
+    set.center = Eigen::MatrixXd::NullaryExpr(2 + c % 3, L.d_model, [&] { return 2 * g(rng); });
+    set.radius = std::pow(10.0, -4 + int(c % 4));
+    CertifyOptions o;
+    o.time_limit_s = 1;
+    const Certificate cert = Certify(L, set, o, Provenance{});
+    ASSERT_EQ(cert.engines.size(), 2u) << "case " << c;
+    const EngineResult& e = cert.engines[1];
+    EXPECT_EQ(e.name, "post_ln_centre");
+    EXPECT_LE(cert.upper_bound.value(), e.upper.value());
+    EXPECT_LE(cert.lower_bound.value(), cert.upper_bound.value()) << "case " << c;
+    ++checked;
+    if (!e.applied) continue;
+    ++routed;
+    ASSERT_EQ(e.terms.size(), 3u) << "case " << c;
+    EXPECT_GE(e.upper.value(), cert.lower_bound.value()) << "case " << c;
+    for (int k = 0; k < 6; ++k) {
+      Eigen::MatrixXd x = set.center;
+      if (k > 0) {
+        Eigen::MatrixXd dx = Eigen::MatrixXd::NullaryExpr(x.rows(), x.cols(), [&] { return g(rng); });
+        x = set.Project(set.center + set.radius * (k % 2 ? 1.0 : 0.5) * dx / dx.norm());
+      }
+      EXPECT_LE(ExactRatio(L, x, TopDirection(L, x, NormKind::kL2), NormKind::kL2), e.upper.value())
+          << "case " << c << " point " << k;
+    }
+  }
+  EXPECT_EQ(checked, cases);
+  EXPECT_GT(routed, 0);  // the route gave a bound on some of the sets
 }
 
 // A deadline already passed: the dense route reports a timeout, never a number.
