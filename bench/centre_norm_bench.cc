@@ -2,7 +2,7 @@
 // method, time and the floating estimate (docs/engines.md, "Centre norm").
 //
 //   build/bench/centre_norm_bench MODEL LAYER CENTRE [--preset P] [--pre-ln] [--dense-limit N]
-//                                 [--block-tokens G] [--block-limit M] [--threads T]
+//                                 [--block-tokens G] [--block-limit M] [--threads T] [--deflate K]
 //
 // MODEL and CENTRE as for `lipcert certify` (--model, --center); LayerNorm is dropped unless
 // --pre-ln (BERT layers load as attention alone). Prints one line:
@@ -20,7 +20,7 @@ int main(int argc, char** argv) {
   using namespace lipcert;
   if (argc < 4) {
     std::fprintf(stderr, "usage: %s MODEL LAYER CENTRE [--preset P] [--pre-ln] [--dense-limit N] "
-                         "[--block-tokens G] [--block-limit M] [--threads T]\n", argv[0]);
+                         "[--block-tokens G] [--block-limit M] [--threads T] [--deflate K]\n", argv[0]);
     return 2;
   }
   try {
@@ -42,6 +42,7 @@ int main(int argc, char** argv) {
       else if (a == "--block-limit") o.block_limit = std::atol(next().c_str());
       else if (a == "--threads") o.threads = std::atoi(next().c_str());
       else if (a == "--no-gemm") o.gemm_assembly = false;
+      else if (a == "--deflate") o.deflation_vectors = std::atoi(next().c_str());
       else throw std::invalid_argument("unknown option " + a);
     }
     LoadedModel m = LoadModel(argv[1], lo);
@@ -56,6 +57,10 @@ int main(int argc, char** argv) {
                 rep.group_tokens, int(rep.frobenius_blocks), rep.seconds,
                 CentreNormSecondsEstimate(L, int(x0.rows()), o), rep.assembly_seconds, rep.gram.gram_seconds,
                 rep.gram.lanczos_seconds, rep.gram.cholesky_seconds, rep.gram.cholesky_attempts);
+    if (rep.deflation_vectors > 0)
+      std::printf("deflation: k=%d basis=%.2f s ||J V C||<=%.6g ||J P||<=%.6g coupling<=%.6g exact_blocks=%d\n",
+                  rep.deflation_vectors, rep.deflation_basis_seconds, rep.deflated_top, rep.deflated_rest,
+                  rep.deflation_coupling, rep.exact_blocks);
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "centre_norm_bench: %s\n", e.what());

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <random>
 #include <stdexcept>
 #include <vector>
 
@@ -12,6 +13,7 @@
 #include "interval/norms.h"
 #include "interval/parallel.h"
 #include "interval/softmax.h"
+#include "kernels/evaluator.h"
 
 namespace lipcert {
 
@@ -638,6 +640,121 @@ int GroupTokens(const CentreNormOptions& o, int n, int d) {
   return std::clamp(int(o.block_limit / d), 1, n);
 }
 
+// k Lanczos vectors of J(x0)^T J(x0) (floating point, twice reorthogonalised, fixed start):
+// any matrix serves the deflated bound below; these make it tight.
+Eigen::MatrixXd LanczosBasis(const AttentionLayer& L, const Eigen::MatrixXd& x0, int k, int threads) {
+  using RowMajorXd = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+  const int n = int(x0.rows()), d = int(x0.cols());
+  const long nd = long(n) * d;
+  EvaluatorOptions eo;
+  eo.device = Device::kCpu;
+  eo.dtype = DType::kF64;
+  eo.threads = std::max(1, threads);
+  const auto eval = MakeJacobianEvaluator(L, n, eo);
+  const RowMajorXd x = x0;
+  Eigen::MatrixXd q(nd, k);
+  std::mt19937_64 rng(20261205);
+  std::normal_distribution<double> gauss(0.0, 1.0);
+  for (long i = 0; i < nd; ++i) q(i, 0) = gauss(rng);
+  q.col(0).normalize();
+  RowMajorXd jv(n, d);
+  Eigen::VectorXd w(nd);
+  for (int j = 0; j + 1 < k; ++j) {
+    eval->Jvp(x.data(), q.col(j).data(), 1, jv.data());
+    eval->Vjp(x.data(), jv.data(), 1, w.data());
+    const double before = w.norm();
+    for (int pass = 0; pass < 2; ++pass) w -= q.leftCols(j + 1) * (q.leftCols(j + 1).transpose() * w);
+    double b = w.norm();
+    if (!(b > 1e-8 * before) || !(b > 1e-300)) {  // (numerically) invariant: a random direction
+      for (long i = 0; i < nd; ++i) w(i) = gauss(rng);
+      for (int pass = 0; pass < 2; ++pass) w -= q.leftCols(j + 1) * (q.leftCols(j + 1).transpose() * w);
+      b = w.norm();
+    }
+    q.col(j + 1) = w / b;
+  }
+  return q;
+}
+
+// ||J||_2 from k deflation vectors V (nd x k) and G x G token groups (docs/engines.md,
+// "Deflation"). With P = I - V V^T and C = 2I - V^T V, every x = V a + w (a = V^T x,
+// w = P x) has J x = J V C a + J P w, so with alpha >= ||J V C||^2, gamma >= ||J P||^2 (the
+// super-block bound of J P, whose blocks are J_IK - (J V)_I V_K^T) and
+// beta >= ||C^T (J V)^T J P|| = ||C|| ||Z - V V^T Z||, Z = J^T J V:
+//   ||J x||^2 <= lambda_max([[alpha, beta], [beta, gamma]]) (||a||^2 + ||w||^2),
+//   ||a||^2 + ||w||^2 = 1 + a^T (V^T V - I) a <= 1 + eps (1 + eps), eps >= ||V^T V - I||.
+// Two passes over the blocks: Y = J V, then Z = J^T Y and the deflated blocks' bounds.
+UpperBound DeflatedSuperBlockBound(const CentreState& S, const Eigen::MatrixXd& v, int g, const CentreNormOptions& o,
+                                   CentreNormReport* rep) {
+  const int n = S.n, d = S.d, k = int(v.cols());
+  const long nd = long(n) * d;
+  const int groups = (n + g - 1) / g;
+  auto rows = [&](int t) { return std::pair<long, long>{long(t) * g * d, long(std::min(n, (t + 1) * g) - t * g) * d}; };
+  IntervalMatrix y = IntervalMatrix::Point(Eigen::MatrixXd::Zero(nd, k));
+  for (int i = 0; i < groups; ++i) {
+    const auto [ri, mi] = rows(i);
+    IntervalMatrix yi = IntervalMatrix::Point(Eigen::MatrixXd::Zero(mi, k));
+    for (int c = 0; c < groups; ++c) {
+      if (Past(o.deadline)) return UpperBound(kInf);
+      const auto [rc, mc] = rows(c);
+      const IntervalMatrix blk = AssembleBlock(S, i * g, std::min(n, (i + 1) * g), c * g, std::min(n, (c + 1) * g), o.threads);
+      yi = yi + Mul(blk, Eigen::MatrixXd(v.middleRows(rc, mc)));
+    }
+    y.mid.middleRows(ri, mi) = yi.mid;
+    y.rad.middleRows(ri, mi) = yi.rad;
+  }
+  std::vector<IntervalMatrix> zb;  // Z = J^T Y by column groups
+  for (int c = 0; c < groups; ++c) zb.push_back(IntervalMatrix::Point(Eigen::MatrixXd::Zero(rows(c).second, k)));
+  Eigen::MatrixXd b(groups, groups);
+  const double m = double(g) * d;
+  double gram_s = m * m * m * (0.5 + 1.0 / 3) / 1.5e10;
+  const bool frobenius = long(g) * d > o.block_limit;
+  int done = 0;
+  for (int i = 0; i < groups; ++i) {
+    const auto [ri, mi] = rows(i);
+    const IntervalMatrix yi(y.mid.middleRows(ri, mi), y.rad.middleRows(ri, mi));
+    for (int c = 0; c < groups; ++c) {
+      if (Past(o.deadline)) return UpperBound(kInf);
+      const auto [rc, mc] = rows(c);
+      const IntervalMatrix blk = AssembleBlock(S, i * g, std::min(n, (i + 1) * g), c * g, std::min(n, (c + 1) * g), o.threads);
+      zb[c] = zb[c] + Mul(blk.transpose(), yi);
+      const IntervalMatrix defl = blk - Mul(yi, Eigen::MatrixXd(v.middleRows(rc, mc).transpose()));
+      const double left = std::chrono::duration<double>(o.deadline - std::chrono::steady_clock::now()).count();
+      double dense = kInf;
+      if (!frobenius && gram_s * double(groups * groups - done) <= left) {
+        const auto t_block = std::chrono::steady_clock::now();
+        dense = NormL2UpperGram(defl, o.threads, nullptr, o.deadline, &rep->gram).value();
+        gram_s = SecondsSince(t_block);
+      }
+      if (std::isfinite(dense)) ++rep->exact_blocks;
+      b(i, c) = std::isfinite(dense) ? dense : NormFrobeniusUpper(defl).value();
+      ++done;
+    }
+  }
+  IntervalMatrix z = IntervalMatrix::Point(Eigen::MatrixXd::Zero(nd, k));
+  for (int c = 0; c < groups; ++c) {
+    z.mid.middleRows(rows(c).first, rows(c).second) = zb[c].mid;
+    z.rad.middleRows(rows(c).first, rows(c).second) = zb[c].rad;
+  }
+  const IntervalMatrix vtv = Mul(Eigen::MatrixXd(v.transpose()), v);
+  const Eigen::MatrixXd eye = Eigen::MatrixXd::Identity(k, k);
+  const double eps = NormL2UpperInterval(vtv - IntervalMatrix::Point(eye)).value();
+  const IntervalMatrix cm = IntervalMatrix::Point(2.0 * eye) - vtv;
+  const double alpha_root = NormL2UpperInterval(Mul(y, cm)).value();
+  const IntervalMatrix resid = z - Mul(v, Mul(Eigen::MatrixXd(v.transpose()), z));
+  const double beta = MulUp(NormL2UpperInterval(cm).value(), NormL2UpperInterval(resid).value());
+  const double gamma_root = NormL2UpperNonneg(b).value();
+  const double alpha = MulUp(alpha_root, alpha_root), gamma = MulUp(gamma_root, gamma_root);
+  const double half_sum = DivUp(AddUp(alpha, gamma), 2.0);
+  const double half_diff = DivUp(std::max(SubUp(alpha, gamma), SubUp(gamma, alpha)), 2.0);
+  const double lambda = AddUp(half_sum, SqrtUp(AddUp(MulUp(half_diff, half_diff), MulUp(beta, beta))));
+  rep->deflation_vectors = k;
+  rep->deflated_top = alpha_root;
+  rep->deflated_rest = gamma_root;
+  rep->deflation_coupling = beta;
+  rep->deflation_orthogonality = eps;
+  return UpperBound(SqrtUp(MulUp(lambda, AddUp(1.0, MulUp(eps, AddUp(1.0, eps))))));
+}
+
 }  // namespace
 
 IntervalMatrix CentreJacobianEnclosure(const AttentionLayer& L, const Eigen::MatrixXd& x0, const CentreNormOptions& o) {
@@ -663,6 +780,17 @@ UpperBound CentreJacobianNormUpperBound(const AttentionLayer& L, const Eigen::Ma
     const IntervalMatrix j = AssembleBlock(S, 0, n, 0, n, o.threads);
     rep.assembly_seconds = SecondsSince(t_assembly);
     bound = NormL2UpperGram(j, o.threads, &rep.estimate, o.deadline, &rep.gram);
+  } else if (o.deflation_vectors > 0 && !L.layer_norm) {
+    const int g = GroupTokens(o, n, d);
+    rep.method = "deflated_super_block";
+    rep.groups = (n + g - 1) / g;
+    rep.group_tokens = g;
+    rep.frobenius_blocks = long(g) * d > o.block_limit;
+    const auto t_basis = std::chrono::steady_clock::now();
+    const Eigen::MatrixXd v = LanczosBasis(L, x0, int(std::min<long>(o.deflation_vectors, long(n) * d)), o.threads);
+    rep.deflation_basis_seconds = SecondsSince(t_basis);
+    bound = DeflatedSuperBlockBound(S, v, g, o, &rep);
+    if (!std::isfinite(bound.value())) rep.timed_out = true;
   } else {
     // ||J||_2 <= ||B||_2, B_IK >= ||J_IK||_2 (the norm of a block matrix is at most the norm
     // of the matrix of its block norms). Every B_IK starts as the block's Frobenius norm

@@ -54,6 +54,10 @@ struct CentreNormOptions {
   bool mha_only = false;
   // Worker threads (0: hardware concurrency).
   int threads = 0;
+  // Above dense_limit, for layers without LayerNorm: deflate J with this many Lanczos
+  // vectors of J^T J before the super-blocks (docs/engines.md, "Deflation"); 0: plain
+  // super-blocks. Not anytime: a deadline that passes first gives +inf.
+  int deflation_vectors = 0;
   // Dot-product attention without the LayerNorm factor: the enclosure's block sums by GEMMs
   // (the same enclosure up to the order of summation); false: one update per head.
   bool gemm_assembly = true;
@@ -75,7 +79,7 @@ struct GramStats {
 };
 
 struct CentreNormReport {
-  std::string method;     // "dense" or "super_block"
+  std::string method;     // "dense", "super_block" or "deflated_super_block"
   int groups = 1;         // G (token groups); 1 for dense
   int group_tokens = 0;   // tokens per group
   bool frobenius_blocks = false;  // group blocks bounded by their Frobenius norm
@@ -83,7 +87,13 @@ struct CentreNormReport {
   double estimate = 0;    // floating sigma_1 of the midpoint (Lanczos), dense only; NOT a bound
   double seconds = 0;
   double assembly_seconds = 0;  // the enclosure of J(X0) (dense: all of it)
-  GramStats gram;               // dense only
+  GramStats gram;               // dense (and the super-blocks' dense certificates)
+  int deflation_vectors = 0;    // deflated_super_block: k, and the three parts of its bound
+  double deflation_basis_seconds = 0;
+  double deflated_top = 0;      // >= ||J V C||
+  double deflated_rest = 0;     // >= ||J P|| (super-blocks of the deflated J)
+  double deflation_coupling = 0;  // >= ||C (J V)^T J P||
+  double deflation_orthogonality = 0;  // >= ||V^T V - I||
   bool timed_out = false; // the deadline passed: the bound is +inf
 };
 

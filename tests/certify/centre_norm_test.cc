@@ -159,6 +159,55 @@ TEST(CentreNormTest, DenseBoundIsExactAndSuperBlocksDominateIt) {
   RecordProperty("worst_relative_excess", std::to_string(worst));
 }
 
+// The deflated super-block bound: above sigma_1 of the MPFR Jacobian for every group size
+// and number of deflation vectors (1 to N*D), on layers without LayerNorm (dot and L2,
+// masks, biases). Once V spans everything (k = N*D: J P and the coupling are rounding
+// error) it is within 1e-6 of sigma_1 for dot layers, whose enclosures are tight; the
+// enclosure's radius enters J V entrywise through |V| (up to sqrt(N*D) times its norm), so
+// wider enclosures (some L2 heads here) lose a few percent there.
+TEST(CentreNormTest, DeflatedSuperBlocksDominateTheMpfrNormAndTighten) {
+  mpfr::mpreal::set_default_prec(128);
+  std::mt19937_64 rng(1404);
+  const int cases = int(40 * TestScale());
+  int checked = 0, tight = 0;
+  for (int t = 0; t < cases; ++t) {
+    RandomLayerOptions lo;
+    lo.max_width = 5;
+    lo.max_heads = 3;
+    AttentionLayer L = RandomLayer(rng, lo);
+    L.layer_norm.reset();
+    const int n = 2 + int(rng() % 4);
+    const Eigen::MatrixXd x0 = RandomCentre(rng, n, L.d_model, 1.0);
+    const double sigma = Sigma1(ToDouble(ReferenceJacobian(L, x0, CentreNormOptions{})));
+    const int nd = n * L.d_model;
+    for (int g = 1; g < n; ++g) {
+      CentreNormOptions o;
+      o.dense_limit = 0;
+      o.block_tokens = g;
+      CentreNormReport plain_rep;
+      const double plain = CentreJacobianNormUpperBound(L, x0, o, &plain_rep).value();
+      for (int k : {1, std::max(1, nd / 2), nd}) {
+        o.deflation_vectors = k;
+        CentreNormReport rep;
+        const double deflated = CentreJacobianNormUpperBound(L, x0, o, &rep).value();
+        EXPECT_EQ(rep.method, "deflated_super_block");
+        EXPECT_EQ(rep.deflation_vectors, k);
+        ASSERT_TRUE(std::isfinite(deflated)) << "case " << t;
+        EXPECT_GE(deflated, sigma * (1 - 1e-14)) << "case " << t << " g " << g << " k " << k;
+        if (k == nd && L.kind == AttentionKind::kDot) {
+          EXPECT_LE(deflated, sigma * (1 + 1e-6) + 1e-12) << "case " << t << " g " << g << " top " << rep.deflated_top
+              << " rest " << rep.deflated_rest << " coupling " << rep.deflation_coupling << " eps " << rep.deflation_orthogonality;
+          EXPECT_LE(deflated, plain * (1 + 1e-9)) << "case " << t << " g " << g;
+          ++tight;
+        }
+      }
+    }
+    ++checked;
+  }
+  EXPECT_EQ(checked, cases);
+  EXPECT_GT(tight, cases / 4);  // about half the random layers are dot
+}
+
 // The inf-norm bounds bracket the MPFR Jacobian's largest row sum, from both sides and
 // within 1e-9, for every tiling of the tokens (block_limit from one token to all), and the
 // row they name is a largest row.
