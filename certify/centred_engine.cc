@@ -208,6 +208,7 @@ namespace {
 CentreNormOptions CentreNormOptionsOf(const BoundOptions& opts, long centre_dense_limit) {
   CentreNormOptions c;
   c.dense_limit = centre_dense_limit;
+  c.deflation_vectors = opts.deflation_vectors;
   c.exclude_residual = opts.exclude_residual;
   c.threads = opts.threads;
   c.deadline = opts.deadline;
@@ -291,7 +292,11 @@ EngineBound CentreNormBound(const AttentionLayer& L, const TokenCover& cover, co
                           : report.method == "dense" ? "dense Gram/Cholesky certificate"
                                                      : std::to_string(report.groups) + " x " +
                                                            std::to_string(report.groups) + " token super-blocks, " +
-                                                           std::to_string(report.exact_blocks) + " certified densely";
+                                                           std::to_string(report.exact_blocks) + " certified densely" +
+                                                           (report.method == "deflated_super_block"
+                                                                ? ", deflated by " + std::to_string(report.deflation_vectors) +
+                                                                      " Lanczos vectors"
+                                                                : std::string());
   out.terms.push_back({"centre norm ||J(X0)|| (" + how + ")", centre_norm});
   out.terms.push_back({v.route, v.variation});
   if (v.in.residual) {

@@ -26,6 +26,7 @@ std::string SearchStageOptions::IsValid() const {
 
 std::string EngineStageOptions::IsValid() const {
   if (dense_limit < 0) return "engines.dense_limit: must be >= 0";
+  if (deflation_vectors < 0) return "engines.deflation_vectors: must be >= 0";
   return "";
 }
 
@@ -153,6 +154,7 @@ BoundOptions BoundOptionsOf(const CertifyOptions& o, Clock::time_point deadline)
   BoundOptions bo;
   bo.norm = o.norm;
   bo.dense_limit = o.engines.dense_limit;
+  bo.deflation_vectors = o.engines.deflation_vectors;
   bo.deadline = deadline;
   bo.threads = o.threads;
   return bo;

@@ -5,6 +5,7 @@ namespace lipcert {
 std::string BoundOptions::IsValid() const {
   if (threads < 0) return "threads: must be >= 0";
   if (dense_limit < 0) return "dense_limit: must be >= 0";
+  if (deflation_vectors < 0) return "deflation_vectors: must be >= 0";
   return "";
 }
 

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <random>
 
+#include "certify/certify.h"
 #include "certify/jacobian_bounds.h"
 #include "models/random_layer.h"
 #include "tests/certify/test_util.h"
@@ -206,6 +207,44 @@ TEST(CentreNormTest, DeflatedSuperBlocksDominateTheMpfrNormAndTighten) {
   }
   EXPECT_EQ(checked, cases);
   EXPECT_GT(tight, cases / 4);  // about half the random layers are dot
+}
+
+// Through Certify (--deflate): radius 0 above the dense size, the centre_norm engine's term
+// says it was deflated and the certified bound is above the MPFR sigma_1; a negative count
+// is refused naming the field.
+TEST(CentreNormTest, CertifyDeflatesWhenAsked) {
+  mpfr::mpreal::set_default_prec(128);
+  std::mt19937_64 rng(1405);
+  int checked = 0;
+  for (int t = 0; t < 20 && checked < 4; ++t) {
+    RandomLayerOptions lo;
+    lo.max_width = 5;
+    AttentionLayer L = RandomLayer(rng, lo);
+    if (L.kind != AttentionKind::kDot) continue;
+    L.layer_norm.reset();
+    InputSet set;
+    set.center = RandomCentre(rng, 4, L.d_model, 1.0);
+    set.radius = 0;
+    const double sigma = Sigma1(ToDouble(ReferenceJacobian(L, set.center, CentreNormOptions{})));
+    CertifyOptions o;
+    o.time_limit_s = 2;
+    o.engines.dense_limit = L.d_model;  // one token: the centre norm goes to super-blocks
+    o.engines.deflation_vectors = 4 * L.d_model;
+    const Certificate c = Certify(L, set, o, {});
+    const EngineResult* cn = nullptr;
+    for (const EngineResult& e : c.engines)
+      if (e.name == "centre_norm" && e.applied) cn = &e;
+    ASSERT_NE(cn, nullptr) << "case " << t;
+    ASSERT_FALSE(cn->terms.empty());
+    EXPECT_NE(cn->terms[0].name.find("deflated by"), std::string::npos) << cn->terms[0].name;
+    EXPECT_GE(cn->upper.value(), sigma * (1 - 1e-14)) << "case " << t;
+    EXPECT_LE(cn->upper.value(), sigma * (1 + 1e-6) + 1e-12) << "case " << t;
+    ++checked;
+  }
+  EXPECT_EQ(checked, 4);
+  CertifyOptions bad;
+  bad.engines.deflation_vectors = -1;
+  EXPECT_NE(bad.IsValid().find("engines.deflation_vectors"), std::string::npos);
 }
 
 // The inf-norm bounds bracket the MPFR Jacobian's largest row sum, from both sides and
