@@ -642,7 +642,9 @@ int GroupTokens(const CentreNormOptions& o, int n, int d) {
 
 // k Lanczos vectors of J(x0)^T J(x0) (floating point, twice reorthogonalised, fixed start):
 // any matrix serves the deflated bound below; these make it tight.
-Eigen::MatrixXd LanczosBasis(const AttentionLayer& L, const Eigen::MatrixXd& x0, int k, int threads) {
+// Stops early (fewer columns) once `deadline` has passed.
+Eigen::MatrixXd LanczosBasis(const AttentionLayer& L, const Eigen::MatrixXd& x0, int k, int threads,
+                             std::chrono::steady_clock::time_point deadline) {
   using RowMajorXd = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
   const int n = int(x0.rows()), d = int(x0.cols());
   const long nd = long(n) * d;
@@ -660,6 +662,7 @@ Eigen::MatrixXd LanczosBasis(const AttentionLayer& L, const Eigen::MatrixXd& x0,
   RowMajorXd jv(n, d);
   Eigen::VectorXd w(nd);
   for (int j = 0; j + 1 < k; ++j) {
+    if (Past(deadline)) return Eigen::MatrixXd(q.leftCols(j + 1));
     eval->Jvp(x.data(), q.col(j).data(), 1, jv.data());
     eval->Vjp(x.data(), jv.data(), 1, w.data());
     const double before = w.norm();
@@ -747,7 +750,7 @@ UpperBound DeflatedSuperBlockBound(const CentreState& S, const Eigen::MatrixXd& 
   const double half_sum = DivUp(AddUp(alpha, gamma), 2.0);
   const double half_diff = DivUp(std::max(SubUp(alpha, gamma), SubUp(gamma, alpha)), 2.0);
   const double lambda = AddUp(half_sum, SqrtUp(AddUp(MulUp(half_diff, half_diff), MulUp(beta, beta))));
-  rep->deflation_vectors = k;
+  rep->deflation_vectors = k;  // the columns of V (fewer than asked when the deadline cut the Lanczos run)
   rep->deflated_top = alpha_root;
   rep->deflated_rest = gamma_root;
   rep->deflation_coupling = beta;
@@ -787,7 +790,7 @@ UpperBound CentreJacobianNormUpperBound(const AttentionLayer& L, const Eigen::Ma
     rep.group_tokens = g;
     rep.frobenius_blocks = long(g) * d > o.block_limit;
     const auto t_basis = std::chrono::steady_clock::now();
-    const Eigen::MatrixXd v = LanczosBasis(L, x0, int(std::min<long>(o.deflation_vectors, long(n) * d)), o.threads);
+    const Eigen::MatrixXd v = LanczosBasis(L, x0, int(std::min<long>(o.deflation_vectors, long(n) * d)), o.threads, o.deadline);
     rep.deflation_basis_seconds = SecondsSince(t_basis);
     bound = DeflatedSuperBlockBound(S, v, g, o, &rep);
     if (!std::isfinite(bound.value())) rep.timed_out = true;
