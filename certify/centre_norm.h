@@ -56,7 +56,8 @@ struct CentreNormOptions {
   int threads = 0;
   // Above dense_limit, for layers without LayerNorm: deflate J with this many Lanczos
   // vectors of J^T J before the super-blocks (docs/engines.md, "Deflation"); 0: plain
-  // super-blocks. Not anytime: a deadline that passes first gives +inf.
+  // super-blocks. Not anytime: it runs only when its predicted time (with a margin) fits
+  // before the deadline, and the plain super-blocks run otherwise.
   int deflation_vectors = 0;
   // Dot-product attention without the LayerNorm factor: the enclosure's block sums by GEMMs
   // (the same enclosure up to the order of summation); false: one update per head.
