@@ -77,6 +77,15 @@ Eigen::MatrixXd TopDirection(const AttentionLayer& L, const Eigen::MatrixXd& x, 
   return Eigen::Map<const Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>>(v.data(), n, d);
 }
 
+// sigma_1(J_f(x)): the Jacobian formed in MPFR, its norm taken in double.
+double SigmaMp(const AttentionLayer& L, const Eigen::MatrixXd& x) {
+  const M j = DenseJacobian<mpreal>(L, M(x.cast<mpreal>()));
+  Eigen::MatrixXd jd(j.rows(), j.cols());
+  for (Eigen::Index r = 0; r < j.rows(); ++r)
+    for (Eigen::Index k = 0; k < j.cols(); ++k) jd(r, k) = j(r, k).toDouble();
+  return Eigen::JacobiSVD<Eigen::MatrixXd>(jd).singularValues()(0);
+}
+
 Eigen::MatrixXd RandomPointIn(const InputSet& set, std::mt19937_64& rng) {
   std::normal_distribution<double> g;
   std::uniform_real_distribution<double> u(0, 1);
@@ -173,12 +182,7 @@ TEST(PostLayerNorm, ProbabilisticFieldIsTheSublayersOwn) {
   for (long c = 0; c < cases; ++c) {
     const AttentionLayer L = RandomPostLn(int(c), rng);
     const Eigen::MatrixXd x = Eigen::MatrixXd::NullaryExpr(3, L.d_model, [&] { return 2 * g(rng); });
-    // sigma_1(J_f(x)) in MPFR, its norm taken in double.
-    const M j = DenseJacobian<mpreal>(L, M(x.cast<mpreal>()));
-    Eigen::MatrixXd jd(j.rows(), j.cols());
-    for (Eigen::Index r = 0; r < j.rows(); ++r)
-      for (Eigen::Index k = 0; k < j.cols(); ++k) jd(r, k) = j(r, k).toDouble();
-    const double sigma = Eigen::JacobiSVD<Eigen::MatrixXd>(jd).singularValues()(0);
+    const double sigma = SigmaMp(L, x);
     ProbableNormOptions po;
     po.seed = 3 + c;
     const ProbableUpperBound p = ProbableJacobianNormUpper(L, x, po);
@@ -215,11 +219,7 @@ TEST(PostLayerNorm, DenseCentreIsExactAtAPoint) {
   for (long c = 0; c < cases; ++c) {
     const AttentionLayer L = RandomPostLn(int(c), rng);
     const Eigen::MatrixXd x = Eigen::MatrixXd::NullaryExpr(2 + c % 3, L.d_model, [&] { return 2 * g(rng); });
-    const M j = DenseJacobian<mpreal>(L, M(x.cast<mpreal>()));
-    Eigen::MatrixXd jd(j.rows(), j.cols());
-    for (Eigen::Index r = 0; r < j.rows(); ++r)
-      for (Eigen::Index k = 0; k < j.cols(); ++k) jd(r, k) = j(r, k).toDouble();
-    const double sigma = Eigen::JacobiSVD<Eigen::MatrixXd>(jd).singularValues()(0);
+    const double sigma = SigmaMp(L, x);
     const EngineBound e = PostLnCentreBound(L, x, BoundOptions{});
     ASSERT_FALSE(e.timed_out) << "case " << c;
     EXPECT_GE(e.upper.value(), sigma * (1 + 1e-12)) << "case " << c;
