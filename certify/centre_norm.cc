@@ -13,7 +13,7 @@
 #include "interval/norms.h"
 #include "interval/parallel.h"
 #include "interval/softmax.h"
-#include "kernels/evaluator.h"
+#include "certify/probable_norm.h"
 
 namespace lipcert {
 
@@ -640,8 +640,6 @@ int GroupTokens(const CentreNormOptions& o, int n, int d) {
   return std::clamp(int(o.block_limit / d), 1, n);
 }
 
-// k Lanczos vectors of J(x0)^T J(x0) (floating point, twice reorthogonalised, fixed start):
-// any matrix serves the deflated bound below; these make it tight.
 // The deflated route is not anytime: it runs only when its predicted time, with a margin of
 // 1.3, fits before the deadline (else the plain super-blocks run). Measured on 2 cores at
 // N*D = 12288: 1.22 times the plain super-block model plus 4.1e-10 (N D)^2 k seconds.
@@ -655,29 +653,23 @@ bool DeflationFits(const AttentionLayer& L, int n, const CentreNormOptions& o) {
   return 1.3 * predicted <= left;
 }
 
-// Stops early (fewer columns) once `deadline` has passed.
+// k Lanczos vectors of J(x0)^T J(x0) (floating point, twice reorthogonalised, fixed start):
+// any matrix serves the deflated bound below; these make it tight. Stops early (fewer
+// columns) once `deadline` has passed.
 Eigen::MatrixXd LanczosBasis(const AttentionLayer& L, const Eigen::MatrixXd& x0, int k, int threads,
                              std::chrono::steady_clock::time_point deadline) {
-  using RowMajorXd = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-  const int n = int(x0.rows()), d = int(x0.cols());
-  const long nd = long(n) * d;
-  EvaluatorOptions eo;
-  eo.device = Device::kCpu;
-  eo.dtype = DType::kF64;
-  eo.threads = std::max(1, threads);
-  const auto eval = MakeJacobianEvaluator(L, n, eo);
-  const RowMajorXd x = x0;
+  const long nd = long(x0.rows()) * x0.cols();
+  // The operator the enclosure describes: centre_norm never composes a post-LN.
+  const auto normal = NormalProduct(L.WithoutPostLayerNorm(), x0, threads);
   Eigen::MatrixXd q(nd, k);
   std::mt19937_64 rng(20261205);
   std::normal_distribution<double> gauss(0.0, 1.0);
   for (long i = 0; i < nd; ++i) q(i, 0) = gauss(rng);
   q.col(0).normalize();
-  RowMajorXd jv(n, d);
   Eigen::VectorXd w(nd);
   for (int j = 0; j + 1 < k; ++j) {
     if (Past(deadline)) return Eigen::MatrixXd(q.leftCols(j + 1));
-    eval->Jvp(x.data(), q.col(j).data(), 1, jv.data());
-    eval->Vjp(x.data(), jv.data(), 1, w.data());
+    normal(q.col(j).data(), w.data());
     const double before = w.norm();
     for (int pass = 0; pass < 2; ++pass) w -= q.leftCols(j + 1) * (q.leftCols(j + 1).transpose() * w);
     double b = w.norm();

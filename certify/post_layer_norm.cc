@@ -17,6 +17,17 @@
 
 namespace lipcert {
 
+namespace {
+// The post-LN's LayerNorm factors over a cover of Y: the pre-LN machinery (MhaInputOver) on a
+// layer whose pre-LN carries the post-LN's parameters. ell: sup ||J_LN||_p per token; ln_jac:
+// J_LN at the cover's centres; delta_ln: sup ||J_LN(y) - J_LN(yc)||_2 over each ball.
+MhaInput PostLnFactorsOver(const AttentionLayer& L, const TokenCover& y_cover, NormKind p) {
+  AttentionLayer ln_only = L.WithoutPostLayerNorm();
+  ln_only.layer_norm = *L.post_layer_norm;
+  return MhaInputOver(ln_only, y_cover, p);
+}
+}  // namespace
+
 PostLayerNormBound ComposePostLayerNorm(const AttentionLayer& L, const TokenCover& cover, UpperBound mha_l2,
                                         UpperBound mha_p, NormKind p, ExpBackend exp_backend) {
   if (!L.post_ln()) throw std::invalid_argument("post_ln: the layer has no post-LN LayerNorm");
@@ -49,10 +60,8 @@ PostLayerNormBound ComposePostLayerNorm(const AttentionLayer& L, const TokenCove
   }
   // ||Y - Y0c||_F <= ||X - X0||_F + ||MHA(X) - MHA(X0)||_F + ||err||.
   yc.frobenius = UpperBound(AddUp(AddUp(joint, moved), SqrtUp(err_all2)));
-  // sup ||J_LN(y_i)||_p per token over its ball: the pre-LN machinery with the post-LN's parameters.
-  AttentionLayer ln_only = mha;
-  ln_only.layer_norm = *L.post_layer_norm;
-  const MhaInput in = MhaInputOver(ln_only, yc, p);
+  // sup ||J_LN(y_i)||_p per token over its ball.
+  const MhaInput in = PostLnFactorsOver(L, yc, p);
   out.ln_upper = UpperBound(in.ell.maxCoeff());  // J_LN(Y) is block-diagonal: its norm is the largest block's
   out.upper = UpperBound(MulUp(out.ln_upper.value(), AddUp(1.0, mha_p.value())));
   return out;
@@ -102,9 +111,7 @@ EngineBound PostLnCentreBound(const AttentionLayer& L, const Eigen::MatrixXd& x0
   // sup ||J_LN(y) - J_LN(yc_j)|| over each ball (delta_ln).
   const PostLayerNormBound y = ComposePostLayerNorm(L, cover, UpperBound(0), UpperBound(0), NormKind::kL2);
   if (!std::isfinite(y.upper.value())) return TimedOutBound(kName);
-  AttentionLayer ln_only = mha;
-  ln_only.layer_norm = *L.post_layer_norm;
-  const MhaInput lin = MhaInputOver(ln_only, y.y_cover, NormKind::kL2);
+  const MhaInput lin = PostLnFactorsOver(L, y.y_cover, NormKind::kL2);
   std::vector<IntervalMatrix> ln_t;
   for (const IntervalMatrix& m : lin.ln_jac) ln_t.push_back(m.transpose());
   bool timed_out = false;
@@ -222,22 +229,22 @@ Certificate CertifyPostLayerNorm(const AttentionLayer& L, const InputSet& set, c
     const EngineResult* cn = nullptr;
     for (const EngineResult& e : c2.engines)
       if (e.name == "centre_norm" && e.applied && std::isfinite(e.upper.value()) && e.terms.size() > 1) cn = &e;
-    const PostLayerNormBound at_x0 = ComposePostLayerNorm(L, CoverOf(InputSet{set.kind, set.center, 0.0}), UpperBound(0),
-                                                          UpperBound(0), NormKind::kL2);
+    const auto same_centre = [&] {  // the cover of Y at radius 0 has b's centre
+      return ComposePostLayerNorm(L, CoverOf(InputSet{set.kind, set.center, 0.0}), UpperBound(0), UpperBound(0),
+                                  NormKind::kL2).y_cover.center == b.y_cover.center;
+    };
     if (!cn) {
       dense.applied = false;
       dense.upper = UpperBound(kInf);
       dense.note = "MHA's certificate has no centre_norm variation to add to the centre";
-    } else if (!std::isfinite(b.upper.value()) || at_x0.y_cover.center != b.y_cover.center) {
+    } else if (!std::isfinite(b.upper.value()) || !same_centre()) {
       dense.applied = false;
       dense.upper = UpperBound(kInf);
       dense.note = "no cover of Y";
     } else {
       double variation = 0;
       for (size_t i = 1; i < cn->terms.size(); ++i) variation = AddUp(variation, cn->terms[i].value.value());
-      AttentionLayer ln_only = mha;
-      ln_only.layer_norm = *L.post_layer_norm;
-      const double delta_ln = MhaInputOver(ln_only, b.y_cover, NormKind::kL2).delta_ln.maxCoeff();
+      const double delta_ln = PostLnFactorsOver(L, b.y_cover, NormKind::kL2).delta_ln.maxCoeff();
       const UpperBound centre = dense.terms.at(0).value;
       const UpperBound through_mha(MulUp(b.ln_upper.value(), variation));
       const UpperBound through_ln(MulUp(delta_ln, AddUp(1.0, c2.upper_bound.value())));

@@ -5,7 +5,6 @@
 #include <cmath>
 #include <functional>
 #include <memory>
-#include <optional>
 #include <random>
 #include <stdexcept>
 #include <vector>
@@ -66,6 +65,29 @@ double KuczynskiWozniakowskiEpsilon(double n, int k, double delta) {
   return std::max(0.0, MulUp(root, root));
 }
 
+std::function<void(const double*, double*)> NormalProduct(const AttentionLayer& layer, const Eigen::MatrixXd& x0,
+                                                          int threads) {
+  const int tokens = int(x0.rows()), d = layer.d_model;
+  if (layer.post_ln()) {
+    auto state = std::make_shared<const LayerState<double>>(Evaluate<double>(layer, x0));
+    return [layer, state, tokens, d](const double* v, double* out) {
+      const Eigen::MatrixXd dv = Eigen::Map<const RowMajorXd>(v, tokens, d);
+      Eigen::Map<RowMajorXd>(out, tokens, d) = Vjp<double>(layer, *state, Jvp<double>(layer, *state, dv));
+    };
+  }
+  EvaluatorOptions eo;
+  eo.device = Device::kCpu;
+  eo.dtype = DType::kF64;
+  eo.threads = std::max(1, threads);
+  std::shared_ptr<JacobianEvaluator> eval = MakeJacobianEvaluator(layer, tokens, eo);
+  auto x = std::make_shared<const RowMajorXd>(x0);
+  return [eval, x, tokens, d](const double* v, double* out) {
+    RowMajorXd jv(tokens, d);
+    eval->Jvp(x->data(), v, 1, jv.data());
+    eval->Vjp(x->data(), jv.data(), 1, out);
+  };
+}
+
 ProbableUpperBound ProbableJacobianNormUpper(const AttentionLayer& layer, const Eigen::MatrixXd& x0,
                                              const ProbableNormOptions& o) {
   if (const std::string e = o.IsValid(); !e.empty()) throw std::invalid_argument(e);
@@ -78,32 +100,7 @@ ProbableUpperBound ProbableJacobianNormUpper(const AttentionLayer& layer, const 
   // Every step the run could stop at gets delta / max_krylov (union bound).
   const double delta_step = o.failure_probability / double(o.max_krylov);
 
-  // out = J^T J v, v and out flat in row-major (token, feature) order. The kernels evaluator
-  // knows the attention and the pre-LN sublayer; the post-LN sublayer LN(X + MHA(X)) goes
-  // through the model's own JVP and VJP (models/forward.h).
-  std::function<void(const double*, double*)> apply_normal;
-  std::unique_ptr<JacobianEvaluator> eval;
-  std::optional<LayerState<double>> state;
-  const RowMajorXd x = x0;
-  if (layer.post_ln()) {
-    state = Evaluate<double>(layer, x0);
-    apply_normal = [&](const double* v, double* out) {
-      const Eigen::MatrixXd dv = Eigen::Map<const RowMajorXd>(v, tokens, layer.d_model);
-      const Eigen::MatrixXd w = Vjp<double>(layer, *state, Jvp<double>(layer, *state, dv));
-      Eigen::Map<RowMajorXd>(out, tokens, layer.d_model) = w;
-    };
-  } else {
-    EvaluatorOptions eo;
-    eo.device = Device::kCpu;
-    eo.dtype = DType::kF64;
-    eo.threads = 1;
-    eval = MakeJacobianEvaluator(layer, tokens, eo);
-    apply_normal = [&](const double* v, double* out) {
-      RowMajorXd jv(tokens, layer.d_model);
-      eval->Jvp(x.data(), v, 1, jv.data());
-      eval->Vjp(x.data(), jv.data(), 1, out);
-    };
-  }
+  const auto apply_normal = NormalProduct(layer, x0, 1);
 
   ProbableUpperBound r;
   r.failure_probability = o.failure_probability;

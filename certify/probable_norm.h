@@ -29,6 +29,7 @@
 
 #include <Eigen/Dense>
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "interval/rounding.h"
@@ -63,6 +64,13 @@ struct ProbableUpperBound {
 // delta: sqrt(eps) = ln(1.648 sqrt(n) / delta) / (2k - 1); returns 1 (no bound) when that
 // is not below 1. Rounded so that the eps returned is at least the exact one.
 double KuczynskiWozniakowskiEpsilon(double n, int k, double delta);
+
+// v -> J(x0)^T J(x0) v in floating point, v and the result flat in row-major (token,
+// feature) order: through the kernels evaluator (attention, pre-LN sublayer), or the
+// model's own JVP and VJP for the post-LN sublayer LN(X + MHA(X)) (models/forward.h). The
+// function owns what it needs. Used for Lanczos runs (here and the centre norm's deflation).
+std::function<void(const double* v, double* out)> NormalProduct(const AttentionLayer& layer, const Eigen::MatrixXd& x0,
+                                                                 int threads);
 
 // The bound for the layer's full Jacobian at x0 (N x D): the attention, the pre-LN sublayer
 // X + MHA(LN(X)) and the post-LN sublayer LN(X + MHA(X)) alike. Throws std::invalid_argument on invalid options
