@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "certify/layer_norm_enclosure.h"
+#include "interval/fp_environment.h"
 #include "interval/norms.h"
 #include "interval/parallel.h"
 #include "interval/softmax.h"
@@ -640,17 +641,33 @@ int GroupTokens(const CentreNormOptions& o, int n, int d) {
   return std::clamp(int(o.block_limit / d), 1, n);
 }
 
-// The deflated route is not anytime: it runs only when its predicted time, with a margin of
-// 1.3, fits before the deadline (else the plain super-blocks run). Measured on 2 cores at
-// N*D = 12288: 1.22 times the plain super-block model plus 4.1e-10 (N D)^2 k seconds.
-bool DeflationFits(const AttentionLayer& L, int n, const CentreNormOptions& o) {
-  if (o.deadline == std::chrono::steady_clock::time_point::max()) return true;
+// How many deflation vectors the route takes: all it is allowed (at most N*D) without a
+// deadline; with one, as many as its predicted time fits before the deadline with a margin
+// of 1.3, and none (the plain super-blocks) when that is fewer than kMinDeflationVectors
+// (or than asked, when fewer were). Not anytime, hence the margin. Measured on 2 cores, idle
+// (docs/engines.md, "Deflation"), MiniLM layer 0: the plain super-blocks take 0.48 (N = 32)
+// and 0.51 (N = 64) of their model (whose Gram rate is pessimistic); each vector adds the
+// three GEMMs of every block with V and Y and its Lanczos step: 2.36e-10 (N D)^2 s at N = 32,
+// 1.66e-10 and 1.46e-10 at N = 64 with 300 and 1000 vectors. The k x k products (the
+// Lanczos reorthogonalisation, V^T V, the Gram matrices of Y and E^T Y) add N D k^2 terms.
+constexpr int kMinDeflationVectors = 32;
+constexpr double kPlainShare = 0.55;
+constexpr double kSecondsPerVector = 2.0e-10;   // times (N D)^2
+constexpr double kSecondsPerVector2 = 1.0e-9;   // times N D k^2
+int DeflationVectorsThatFit(const AttentionLayer& L, int n, const CentreNormOptions& o) {
+  const double nd = double(n) * L.d_model;
+  const int asked = int(std::min<double>(o.deflation_vectors, nd));
+  if (asked <= 0 || o.deadline == std::chrono::steady_clock::time_point::max()) return std::max(asked, 0);
   CentreNormOptions plain = o;
   plain.deflation_vectors = 0;
-  const double nd = double(n) * L.d_model;
-  const double predicted = 1.22 * CentreNormSecondsEstimate(L, n, plain) + 4.1e-10 * nd * nd * o.deflation_vectors;
   const double left = std::chrono::duration<double>(o.deadline - std::chrono::steady_clock::now()).count();
-  return 1.3 * predicted <= left;
+  // The largest k with kSecondsPerVector (N D)^2 k + kSecondsPerVector2 N D k^2 <= budget.
+  const double budget = left / 1.3 - kPlainShare * CentreNormSecondsEstimate(L, n, plain);
+  if (!(budget > 0)) return 0;
+  const double a = kSecondsPerVector * nd * nd, b = kSecondsPerVector2 * nd;
+  const double fits = 2 * budget / (a + std::sqrt(a * a + 4 * b * budget));
+  const int k = int(std::min<double>(asked, std::floor(fits)));
+  return k >= std::min(kMinDeflationVectors, asked) ? k : 0;
 }
 
 // k Lanczos vectors of J(x0)^T J(x0) (floating point, twice reorthogonalised, fixed start):
@@ -683,74 +700,108 @@ Eigen::MatrixXd LanczosBasis(const AttentionLayer& L, const Eigen::MatrixXd& x0,
   return q;
 }
 
-// ||J||_2 from k deflation vectors V (nd x k) and G x G token groups (docs/engines.md,
-// "Deflation"). With P = I - V V^T and C = 2I - V^T V, every x = V a + w (a = V^T x,
-// w = P x) has J x = J V C a + J P w, so with alpha >= ||J V C||^2, gamma >= ||J P||^2 (the
-// super-block bound of J P, whose blocks are J_IK - (J V)_I V_K^T) and
-// beta >= ||C^T (J V)^T J P|| = ||C|| ||Z - V V^T Z||, Z = J^T J V:
-//   ||J x||^2 <= lambda_max([[alpha, beta], [beta, gamma]]) (||a||^2 + ||w||^2),
-//   ||a||^2 + ||w||^2 = 1 + a^T (V^T V - I) a <= 1 + eps (1 + eps), eps >= ||V^T V - I||.
-// Two passes over the blocks: Y = J V, then Z = J^T Y and the deflated blocks' bounds.
-UpperBound DeflatedSuperBlockBound(const CentreState& S, const Eigen::MatrixXd& v, int g, const CentreNormOptions& o,
-                                   CentreNormReport* rep) {
+// out += sign * a * b in floating point (round to nearest), the columns of b split over the
+// workers.
+template <class A, class B>
+void GemmInto(const A& a, const B& b, double sign, Eigen::Ref<Eigen::MatrixXd> out, int threads) {
+  const int workers = WorkerCount(threads, int(std::min<Eigen::Index>(b.cols(), 8)));
+  const Eigen::Index chunk = (b.cols() + workers - 1) / workers;
+  ParallelFor(workers, workers, [&](int t, int) {
+    const Eigen::Index c0 = t * chunk, width = std::min(chunk, b.cols() - c0);
+    if (width > 0) out.middleCols(c0, width).noalias() += sign * (a * b.middleCols(c0, width));
+  });
+}
+
+// A Frobenius-norm bound on the rounding error of a floating sum of `terms` terms per entry
+// (products rounded once, or addends), in any order, with or without FMA: entrywise
+// |fl(s) - s| <= gamma_terms sum |terms| + 2 terms eta (Higham, eq. 3.13, with underflow), so
+// ||fl(S) - S||_F <= gamma_terms ||sum |terms| ||_F + 2 terms eta sqrt(rows cols), where
+// abs_terms_f >= || sum |terms| ||_F.
+double SumErrorF(double terms, double abs_terms_f, double rows, double cols) {
+  return AddUp(MulUp(GammaUp(terms), abs_terms_f), MulUp(MulUp(2.0 * terms, kEta), SqrtUp(MulUp(rows, cols))));
+}
+
+// ||J||_2 from k deflation vectors V (nd x k), any Y (nd x k, J V in floating point) and
+// G x G token groups (docs/engines.md, "Deflation"). With E = J - Y V^T, every unit x splits
+// as x = V a + w (a = V^T x, w = x - V a), and
+//   J x = Y a + E V a + E w = (Y + D) a + E w,   D = E V,
+//   ||J x||^2 <= alpha ||a||^2 + 2 beta ||a|| ||w|| + gamma ||w||^2
+//            <= lambda_max([[alpha, beta], [beta, gamma]]) (||a||^2 + ||w||^2),
+// with alpha^1/2 >= ||Y + D||, gamma^1/2 >= ||E|| (super-blocks: E_IK = J_IK - Y_I V_K^T) and
+// beta >= ||(Y + D)^T E|| <= ||E^T Y|| + ||D|| ||E||; and ||a||^2 + ||w||^2 =
+// x^T (I + V (V^T V - I) V^T) x <= 1 + eps (1 + eps), eps >= ||V^T V - I||.
+// One pass over the blocks: each enclosure [M +- R] of J_IK gives the floating
+// F = fl(M - Y_I V_K^T), and ||E_IK - F||_F <= ||R||_F + the rounding of F; then D and E^T Y
+// are accumulated from F by floating GEMMs, their rounding and the F - E terms bounded
+// norm-wise. Three GEMMs of m x m x k per block and the block's Gram certificate.
+UpperBound DeflatedSuperBlockBound(const CentreState& S, const Eigen::MatrixXd& v, const Eigen::MatrixXd& y, int g,
+                                   const CentreNormOptions& o, CentreNormReport* rep) {
+  const ScopedSoundFpEnvironment fp_guard;
   const int n = S.n, d = S.d, k = int(v.cols());
   const long nd = long(n) * d;
   const int groups = (n + g - 1) / g;
   auto rows = [&](int t) { return std::pair<long, long>{long(t) * g * d, long(std::min(n, (t + 1) * g) - t * g) * d}; };
-  IntervalMatrix y = IntervalMatrix::Point(Eigen::MatrixXd::Zero(nd, k));
-  for (int i = 0; i < groups; ++i) {
-    const auto [ri, mi] = rows(i);
-    IntervalMatrix yi = IntervalMatrix::Point(Eigen::MatrixXd::Zero(mi, k));
-    for (int c = 0; c < groups; ++c) {
-      if (Past(o.deadline)) return UpperBound(kInf);
-      const auto [rc, mc] = rows(c);
-      const IntervalMatrix blk = AssembleBlock(S, i * g, std::min(n, (i + 1) * g), c * g, std::min(n, (c + 1) * g), o.threads);
-      yi = yi + Mul(blk, Eigen::MatrixXd(v.middleRows(rc, mc)));
-    }
-    y.mid.middleRows(ri, mi) = yi.mid;
-    y.rad.middleRows(ri, mi) = yi.rad;
+  const IntervalMatrix vtv = Mul(Eigen::MatrixXd(v.transpose()), v);
+  const double eps = NormL2UpperInterval(vtv - IntervalMatrix::Point(Eigen::MatrixXd::Identity(k, k))).value();
+  const double v_norm = SqrtUp(AddUp(1.0, eps));  // >= ||V||_2, and so >= ||V_K||_2
+  std::vector<double> y_f(groups), v_f(groups);   // >= ||Y_I||_F, ||V_I||_F
+  for (int t = 0; t < groups; ++t) {
+    const auto [r, m] = rows(t);
+    y_f[t] = NormFrobeniusUpper(Eigen::MatrixXd(y.middleRows(r, m))).value();
+    v_f[t] = NormFrobeniusUpper(Eigen::MatrixXd(v.middleRows(r, m))).value();
   }
-  std::vector<IntervalMatrix> zb;  // Z = J^T Y by column groups
-  for (int c = 0; c < groups; ++c) zb.push_back(IntervalMatrix::Point(Eigen::MatrixXd::Zero(rows(c).second, k)));
+  // fl(sum_K F_IK V_K) and fl(sum_I F_IK^T Y_I), and what bounds their distance from D and
+  // E^T Y: per row group, sum ||F|| ||.||_F (rounding) and sum ||E - F|| ||.|| (the enclosure).
+  Eigen::MatrixXd d_fl = Eigen::MatrixXd::Zero(nd, k), ety_fl = Eigen::MatrixXd::Zero(nd, k);
+  std::vector<double> d_abs(groups, 0.0), d_enc(groups, 0.0), ety_abs(groups, 0.0), ety_enc(groups, 0.0);
   Eigen::MatrixXd b(groups, groups);
-  const double m = double(g) * d;
-  double gram_s = m * m * m * (0.5 + 1.0 / 3) / 1.5e10;
+  const double m_max = double(g) * d;
+  double gram_s = m_max * m_max * m_max * (0.5 + 1.0 / 3) / 1.5e10;
   const bool frobenius = long(g) * d > o.block_limit;
   int done = 0;
   for (int i = 0; i < groups; ++i) {
     const auto [ri, mi] = rows(i);
-    const IntervalMatrix yi(y.mid.middleRows(ri, mi), y.rad.middleRows(ri, mi));
     for (int c = 0; c < groups; ++c) {
       if (Past(o.deadline)) return UpperBound(kInf);
       const auto [rc, mc] = rows(c);
-      const IntervalMatrix blk = AssembleBlock(S, i * g, std::min(n, (i + 1) * g), c * g, std::min(n, (c + 1) * g), o.threads);
-      zb[c] = zb[c] + Mul(blk.transpose(), yi);
-      const IntervalMatrix defl = blk - Mul(yi, Eigen::MatrixXd(v.middleRows(rc, mc).transpose()));
+      IntervalMatrix blk = AssembleBlock(S, i * g, std::min(n, (i + 1) * g), c * g, std::min(n, (c + 1) * g), o.threads);
+      const double m_f = NormFrobeniusUpper(blk.mid).value();
+      const double r_f = blk.rad.maxCoeff() == 0.0 ? 0.0 : NormFrobeniusUpper(blk.rad).value();
+      Eigen::MatrixXd f = std::move(blk.mid);
+      GemmInto(y.middleRows(ri, mi), v.middleRows(rc, mc).transpose(), -1.0, f, o.threads);
+      // ||E_IK - F||_F <= ||R||_F + the rounding of F's k + 1 terms (|M| + |Y_I| |V_K|^T).
+      const double rho = AddUp(r_f, SumErrorF(k + 1, AddUp(m_f, MulUp(y_f[i], v_f[c])), double(mi), double(mc)));
+      const double f_f = NormFrobeniusUpper(f).value();
+      GemmInto(f, v.middleRows(rc, mc), 1.0, d_fl.middleRows(ri, mi), o.threads);
+      GemmInto(f.transpose(), y.middleRows(ri, mi), 1.0, ety_fl.middleRows(rc, mc), o.threads);
+      d_abs[i] = AddUp(d_abs[i], MulUp(f_f, v_f[c]));
+      d_enc[i] = AddUp(d_enc[i], MulUp(rho, v_norm));
+      ety_abs[c] = AddUp(ety_abs[c], MulUp(f_f, y_f[i]));
+      ety_enc[c] = AddUp(ety_enc[c], MulUp(rho, y_f[i]));
       const double left = std::chrono::duration<double>(o.deadline - std::chrono::steady_clock::now()).count();
       double dense = kInf;
       if (!frobenius && gram_s * double(groups * groups - done) <= left) {
         const auto t_block = std::chrono::steady_clock::now();
-        dense = NormL2UpperGram(defl, o.threads, nullptr, o.deadline, &rep->gram).value();
+        dense = NormL2UpperGram(IntervalMatrix(std::move(f), Eigen::MatrixXd::Zero(mi, mc)), o.threads, nullptr, o.deadline,
+                                &rep->gram).value();
         gram_s = SecondsSince(t_block);
       }
       if (std::isfinite(dense)) ++rep->exact_blocks;
-      b(i, c) = std::isfinite(dense) ? dense : NormFrobeniusUpper(defl).value();
+      b(i, c) = AddUp(std::isfinite(dense) ? dense : f_f, rho);
       ++done;
     }
   }
-  IntervalMatrix z = IntervalMatrix::Point(Eigen::MatrixXd::Zero(nd, k));
-  for (int c = 0; c < groups; ++c) {
-    z.mid.middleRows(rows(c).first, rows(c).second) = zb[c].mid;
-    z.rad.middleRows(rows(c).first, rows(c).second) = zb[c].rad;
+  // Each entry of D and E^T Y sums nd products (the blocks' GEMMs and their accumulation).
+  double d_err = 0, ety_err = 0;
+  for (int t = 0; t < groups; ++t) {
+    const double m = double(rows(t).second);
+    d_err = AddUp(d_err, AddUp(SumErrorF(double(nd), d_abs[t], m, k), d_enc[t]));
+    ety_err = AddUp(ety_err, AddUp(SumErrorF(double(nd), ety_abs[t], m, k), ety_enc[t]));
   }
-  const IntervalMatrix vtv = Mul(Eigen::MatrixXd(v.transpose()), v);
-  const Eigen::MatrixXd eye = Eigen::MatrixXd::Identity(k, k);
-  const double eps = NormL2UpperInterval(vtv - IntervalMatrix::Point(eye)).value();
-  const IntervalMatrix cm = IntervalMatrix::Point(2.0 * eye) - vtv;
-  const double alpha_root = NormL2UpperInterval(Mul(y, cm)).value();
-  const IntervalMatrix resid = z - Mul(v, Mul(Eigen::MatrixXd(v.transpose()), z));
-  const double beta = MulUp(NormL2UpperInterval(cm).value(), NormL2UpperInterval(resid).value());
+  const double d_norm = AddUp(NormFrobeniusUpper(d_fl).value(), d_err);
   const double gamma_root = NormL2UpperNonneg(b).value();
+  const double alpha_root = AddUp(NormL2Upper(y).value(), d_norm);
+  const double beta = AddUp(AddUp(NormL2Upper(ety_fl).value(), ety_err), MulUp(d_norm, gamma_root));
   const double alpha = MulUp(alpha_root, alpha_root), gamma = MulUp(gamma_root, gamma_root);
   const double half_sum = DivUp(AddUp(alpha, gamma), 2.0);
   const double half_diff = DivUp(std::max(SubUp(alpha, gamma), SubUp(gamma, alpha)), 2.0);
@@ -763,12 +814,38 @@ UpperBound DeflatedSuperBlockBound(const CentreState& S, const Eigen::MatrixXd& 
   return UpperBound(SqrtUp(MulUp(lambda, AddUp(1.0, MulUp(eps, AddUp(1.0, eps))))));
 }
 
+// Y = J(x0) V in floating point, column by column (any Y serves the deflated bound).
+Eigen::MatrixXd JacobianTimes(const AttentionLayer& L, const Eigen::MatrixXd& x0, const Eigen::MatrixXd& v, int threads) {
+  const auto jvp = JacobianProduct(L.WithoutPostLayerNorm(), x0, threads);
+  Eigen::MatrixXd y(v.rows(), v.cols());
+  for (Eigen::Index j = 0; j < v.cols(); ++j) jvp(v.col(j).data(), y.col(j).data());
+  return y;
+}
+
 }  // namespace
 
 IntervalMatrix CentreJacobianEnclosure(const AttentionLayer& L, const Eigen::MatrixXd& x0, const CentreNormOptions& o) {
   CheckInputs(L, x0, o);
   const CentreState S = EncloseCentre(L, x0, o);
   return AssembleBlock(S, 0, S.n, 0, S.n, o.threads);
+}
+
+UpperBound DeflatedCentreNormUpperBound(const AttentionLayer& L, const Eigen::MatrixXd& x0, const Eigen::MatrixXd& v,
+                                        const Eigen::MatrixXd& y, const CentreNormOptions& o, CentreNormReport* report) {
+  CheckInputs(L, x0, o);
+  const long nd = long(x0.rows()) * x0.cols();
+  if (v.rows() != nd || y.rows() != nd || v.cols() != y.cols() || v.cols() < 1)
+    throw std::invalid_argument("deflation: V and Y must both be (N D) x k with k >= 1");
+  const CentreState S = EncloseCentre(L, x0, o);
+  CentreNormReport rep;
+  const int g = GroupTokens(o, S.n, S.d);
+  rep.method = "deflated_super_block";
+  rep.groups = (S.n + g - 1) / g;
+  rep.group_tokens = g;
+  UpperBound bound = DeflatedSuperBlockBound(S, v, y, g, o, &rep);
+  if (!std::isfinite(bound.value())) rep.timed_out = true;
+  if (report) *report = rep;
+  return bound;
 }
 
 UpperBound CentreJacobianNormUpperBound(const AttentionLayer& L, const Eigen::MatrixXd& x0, const CentreNormOptions& o,
@@ -788,16 +865,16 @@ UpperBound CentreJacobianNormUpperBound(const AttentionLayer& L, const Eigen::Ma
     const IntervalMatrix j = AssembleBlock(S, 0, n, 0, n, o.threads);
     rep.assembly_seconds = SecondsSince(t_assembly);
     bound = NormL2UpperGram(j, o.threads, &rep.estimate, o.deadline, &rep.gram);
-  } else if (o.deflation_vectors > 0 && !L.layer_norm && DeflationFits(L, n, o)) {
+  } else if (const int k = L.layer_norm ? 0 : DeflationVectorsThatFit(L, n, o); k > 0) {
     const int g = GroupTokens(o, n, d);
     rep.method = "deflated_super_block";
     rep.groups = (n + g - 1) / g;
     rep.group_tokens = g;
     rep.frobenius_blocks = long(g) * d > o.block_limit;
     const auto t_basis = std::chrono::steady_clock::now();
-    const Eigen::MatrixXd v = LanczosBasis(L, x0, int(std::min<long>(o.deflation_vectors, long(n) * d)), o.threads, o.deadline);
+    const Eigen::MatrixXd v = LanczosBasis(L, x0, k, o.threads, o.deadline);
     rep.deflation_basis_seconds = SecondsSince(t_basis);
-    bound = DeflatedSuperBlockBound(S, v, g, o, &rep);
+    bound = DeflatedSuperBlockBound(S, v, JacobianTimes(L, x0, v, o.threads), g, o, &rep);
     if (!std::isfinite(bound.value())) rep.timed_out = true;
   } else {
     // ||J||_2 <= ||B||_2, B_IK >= ||J_IK||_2 (the norm of a block matrix is at most the norm

@@ -54,10 +54,10 @@ struct CentreNormOptions {
   bool mha_only = false;
   // Worker threads (0: hardware concurrency).
   int threads = 0;
-  // Above dense_limit, for layers without LayerNorm: deflate J with this many Lanczos
+  // Above dense_limit, for layers without LayerNorm: deflate J with up to this many Lanczos
   // vectors of J^T J before the super-blocks (docs/engines.md, "Deflation"); 0: plain
-  // super-blocks. Not anytime: it runs only when its predicted time (with a margin) fits
-  // before the deadline, and the plain super-blocks run otherwise.
+  // super-blocks. Not anytime: with a deadline it takes as many as its predicted time
+  // (with a margin) fits, and the plain super-blocks run when that is fewer than 32.
   int deflation_vectors = 0;
   // Dot-product attention without the LayerNorm factor: the enclosure's block sums by GEMMs
   // (the same enclosure up to the order of summation); false: one update per head.
@@ -91,9 +91,9 @@ struct CentreNormReport {
   GramStats gram;               // dense (and the super-blocks' dense certificates)
   int deflation_vectors = 0;    // deflated_super_block: k, and the three parts of its bound
   double deflation_basis_seconds = 0;
-  double deflated_top = 0;      // >= ||J V C||
-  double deflated_rest = 0;     // >= ||J P|| (super-blocks of the deflated J)
-  double deflation_coupling = 0;  // >= ||C (J V)^T J P||
+  double deflated_top = 0;      // >= ||J V|| (= ||Y + D||, Y = fl(J V), D = E V)
+  double deflated_rest = 0;     // >= ||E||, E = J - Y V^T (super-blocks of the deflated J)
+  double deflation_coupling = 0;  // >= ||(J V)^T E||
   double deflation_orthogonality = 0;  // >= ||V^T V - I||
   bool timed_out = false; // the deadline passed: the bound is +inf
 };
@@ -102,6 +102,14 @@ struct CentreNormReport {
 // sublayer X + MHA(LN(X)) unless mha_only / exclude_residual). Throws std::invalid_argument
 // for invalid options or a centre whose width is not D.
 UpperBound CentreJacobianNormUpperBound(const AttentionLayer& layer, const Eigen::MatrixXd& x0,
+                                        const CentreNormOptions& opts = {}, CentreNormReport* report = nullptr);
+
+// The deflated super-block bound (docs/engines.md, "Deflation") with the caller's V and Y
+// (both (N D) x k, row-major token flattening): certified for ANY V and Y (they only decide
+// how tight it is; the route above takes V from Lanczos on J^T J and Y = fl(J V)). Token
+// groups as for the super-blocks (block_tokens / block_limit); the deadline gives +inf.
+UpperBound DeflatedCentreNormUpperBound(const AttentionLayer& layer, const Eigen::MatrixXd& x0,
+                                        const Eigen::MatrixXd& v, const Eigen::MatrixXd& y,
                                         const CentreNormOptions& opts = {}, CentreNormReport* report = nullptr);
 
 // The enclosure of all of J(x0) ((N D) x (N D), row-major token flattening i*D + a), as the

@@ -15,7 +15,8 @@ struct BoundOptions {
   NormKind norm = NormKind::kL2;
   // The centred engine refuses layers with N*D above this (it forms J(X0) densely).
   int dense_limit = 4096;
-  // The centre_norm engine's super-blocks: deflate with this many Lanczos vectors (0: off).
+  // The centre_norm engine's super-blocks: deflate with up to this many Lanczos vectors,
+  // as many as fit before the deadline (0: off).
   int deflation_vectors = 0;
   // For the sublayer X + g(X): bound Lip(g) instead (drop the identity), as used to
   // certify invertibility. No effect on a layer without LayerNorm.

@@ -88,6 +88,25 @@ std::function<void(const double*, double*)> NormalProduct(const AttentionLayer& 
   };
 }
 
+std::function<void(const double*, double*)> JacobianProduct(const AttentionLayer& layer, const Eigen::MatrixXd& x0,
+                                                            int threads) {
+  const int tokens = int(x0.rows()), d = layer.d_model;
+  if (layer.post_ln()) {
+    auto state = std::make_shared<const LayerState<double>>(Evaluate<double>(layer, x0));
+    return [layer, state, tokens, d](const double* v, double* out) {
+      const Eigen::MatrixXd dv = Eigen::Map<const RowMajorXd>(v, tokens, d);
+      Eigen::Map<RowMajorXd>(out, tokens, d) = Jvp<double>(layer, *state, dv);
+    };
+  }
+  EvaluatorOptions eo;
+  eo.device = Device::kCpu;
+  eo.dtype = DType::kF64;
+  eo.threads = std::max(1, threads);
+  std::shared_ptr<JacobianEvaluator> eval = MakeJacobianEvaluator(layer, tokens, eo);
+  auto x = std::make_shared<const RowMajorXd>(x0);
+  return [eval, x](const double* v, double* out) { eval->Jvp(x->data(), v, 1, out); };
+}
+
 ProbableUpperBound ProbableJacobianNormUpper(const AttentionLayer& layer, const Eigen::MatrixXd& x0,
                                              const ProbableNormOptions& o) {
   if (const std::string e = o.IsValid(); !e.empty()) throw std::invalid_argument(e);

@@ -39,8 +39,8 @@ void AddCertifyOptions(CLI::App* app, CertifyArgs* a) {
                   "seed of its random start (default: drawn from the OS and recorded)");
   app->add_flag("--no-probabilistic", a->no_probabilistic, "no probabilistic bound beside the certificate");
   app->add_option("--deflate", r.options.engines.deflation_vectors,
-                  "radius 0 above the dense size: deflate the centre norm's super-blocks with K Lanczos vectors "
-                  "(tighter, slower, not anytime; 0: off)");
+                  "above the dense size: deflate the centre norm's super-blocks with up to K Lanczos vectors, as "
+                  "many as the time left fits (tighter; 0: off)");
   app->add_option("--json", a->json_out, "write the certificate here (atomically, updated as it improves)");
   app->add_option("--witness", a->witness_out, "write the witness input x and direction v here (safetensors)");
   app->add_flag("--quiet", a->quiet, "no progress lines on stderr");

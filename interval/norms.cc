@@ -158,17 +158,35 @@ LanczosEstimate Lanczos(const Eigen::MatrixXd& b, int max_steps, double tol) {
   v.normalize();
   LanczosEstimate est;
   Eigen::VectorXd w(n);
+  auto orthogonalise = [&](Eigen::Index cols, Eigen::VectorXd* x) {  // full reorthogonalisation, twice
+    for (int pass = 0; pass < 2; ++pass) {
+      const Eigen::VectorXd c = q.leftCols(cols).transpose() * *x;
+      x->noalias() -= q.leftCols(cols) * c;
+    }
+  };
   for (Eigen::Index k = 0; k < kmax; ++k) {
     q.col(k) = v;
     w.noalias() = b * v;
     const double a = v.dot(w);
     alpha.push_back(a);
-    // Full reorthogonalisation, twice.
-    for (int pass = 0; pass < 2; ++pass) {
-      const Eigen::VectorXd c = q.leftCols(k + 1).transpose() * w;
-      w.noalias() -= q.leftCols(k + 1) * c;
+    const double before = w.norm();
+    orthogonalise(k + 1, &w);
+    double bt = w.norm();
+    // An invariant subspace (b of low rank, or a start with no component along some
+    // eigenvectors): what is left of w is rounding noise, not orthogonal to q once
+    // normalised, and its Ritz values could leave the spectrum. Go on from a fresh
+    // direction orthogonal to q, with a zero coupling (the tridiagonal matrix then splits).
+    bool restarted = false;
+    if (k + 1 < kmax && !(bt > 1e-8 * before)) {
+      for (Eigen::Index i = 0; i < n; ++i) {
+        s = s * 6364136223846793005ULL + 1442695040888963407ULL;
+        w[i] = static_cast<double>(s >> 11) * 0x1p-53 - 0.5;
+      }
+      const double fresh = w.norm();
+      orthogonalise(k + 1, &w);
+      restarted = w.norm() > 1e-8 * fresh;
+      bt = restarted ? w.norm() : 0.0;
     }
-    const double bt = w.norm();
     const bool last = (k + 1 == kmax) || !(bt > 0);
     if ((k + 1) % 10 == 0 || last) {
       const Eigen::Index m = k + 1;
@@ -182,9 +200,9 @@ LanczosEstimate Lanczos(const Eigen::MatrixXd& b, int max_steps, double tol) {
       est.lambda_min = es.eigenvalues()(0);
       const double resid = std::fabs(bt * es.eigenvectors()(m - 1, m - 1));
       const double scale = std::max(std::fabs(est.lambda_max), std::fabs(est.lambda_min));
-      if (last || resid <= tol * scale) break;
+      if (last || (!restarted && resid <= tol * scale)) break;
     }
-    beta.push_back(bt);
+    beta.push_back(restarted ? 0.0 : bt);
     v = w / bt;
   }
   return est;
