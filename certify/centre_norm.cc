@@ -646,14 +646,15 @@ int GroupTokens(const CentreNormOptions& o, int n, int d) {
 // of 1.3, and none (the plain super-blocks) when that is fewer than kMinDeflationVectors
 // (or than asked, when fewer were). Not anytime, hence the margin. Measured on 2 cores, idle
 // (docs/engines.md, "Deflation"), MiniLM layer 0: the plain super-blocks take 0.48 (N = 32)
-// and 0.51 (N = 64) of their model (whose Gram rate is pessimistic); each vector adds the
-// three GEMMs of every block with V and Y and its Lanczos step: 2.36e-10 (N D)^2 s at N = 32,
-// 1.66e-10 and 1.46e-10 at N = 64 with 300 and 1000 vectors. The k x k products (the
-// Lanczos reorthogonalisation, V^T V, the Gram matrices of Y and E^T Y) add N D k^2 terms.
+// and 0.51 (N = 64) of their model (whose Gram rate is pessimistic). The vectors add
+// 10.7 s (N = 32, k = 300), 30 s and 88 s (N = 64, k = 300 and 1000): the three GEMMs of
+// every block with V and Y, about (N D)^2 k terms, and the k x k work (the Lanczos
+// reorthogonalisation, 30 s of the 88, V^T V, the Gram matrices of Y and E^T Y), about
+// N D k^2 terms. The model below predicts 9, 33 and 132 s; the margin covers the first.
 constexpr int kMinDeflationVectors = 32;
-constexpr double kPlainShare = 0.55;
-constexpr double kSecondsPerVector = 2.0e-10;   // times (N D)^2
-constexpr double kSecondsPerVector2 = 1.0e-9;   // times N D k^2
+constexpr double kPlainShare = 0.52;
+constexpr double kSecondsPerVector = 1.7e-10;   // times (N D)^2
+constexpr double kSecondsPerVector2 = 1.2e-9;   // times N D k^2
 int DeflationVectorsThatFit(const AttentionLayer& L, int n, const CentreNormOptions& o) {
   const double nd = double(n) * L.d_model;
   const int asked = int(std::min<double>(o.deflation_vectors, nd));
