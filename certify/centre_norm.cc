@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <functional>
 #include <random>
 #include <stdexcept>
 #include <vector>
@@ -655,7 +656,9 @@ constexpr int kMinDeflationVectors = 32;
 constexpr double kPlainShare = 0.52;
 constexpr double kSecondsPerVector = 1.7e-10;   // times (N D)^2
 constexpr double kSecondsPerVector2 = 1.2e-9;   // times N D k^2
-int DeflationVectorsThatFit(const AttentionLayer& L, int n, const CentreNormOptions& o) {
+}  // namespace
+
+int DeflationVectorsThatFit(const AttentionLayer& L, int n, const CentreNormOptions& o, double extra_seconds) {
   const double nd = double(n) * L.d_model;
   const int asked = int(std::min<double>(o.deflation_vectors, nd));
   if (asked <= 0 || o.deadline == std::chrono::steady_clock::time_point::max()) return std::max(asked, 0);
@@ -663,7 +666,7 @@ int DeflationVectorsThatFit(const AttentionLayer& L, int n, const CentreNormOpti
   plain.deflation_vectors = 0;
   const double left = std::chrono::duration<double>(o.deadline - std::chrono::steady_clock::now()).count();
   // The largest k with kSecondsPerVector (N D)^2 k + kSecondsPerVector2 N D k^2 <= budget.
-  const double budget = left / 1.3 - kPlainShare * CentreNormSecondsEstimate(L, n, plain);
+  const double budget = left / 1.3 - kPlainShare * CentreNormSecondsEstimate(L, n, plain) - extra_seconds;
   if (!(budget > 0)) return 0;
   const double a = kSecondsPerVector * nd * nd, b = kSecondsPerVector2 * nd;
   const double fits = 2 * budget / (a + std::sqrt(a * a + 4 * b * budget));
@@ -671,22 +674,23 @@ int DeflationVectorsThatFit(const AttentionLayer& L, int n, const CentreNormOpti
   return k >= std::min(kMinDeflationVectors, asked) ? k : 0;
 }
 
-// k Lanczos vectors of J(x0)^T J(x0) (floating point, twice reorthogonalised, fixed start):
-// any matrix serves the deflated bound below; these make it tight. Stops early (fewer
-// columns) once `deadline` has passed.
-Eigen::MatrixXd LanczosBasis(const AttentionLayer& L, const Eigen::MatrixXd& x0, int k, int threads,
-                             std::chrono::steady_clock::time_point deadline) {
+DeflationBasis DeflationBasisOf(const AttentionLayer& layer, const Eigen::MatrixXd& x0, int k, int threads,
+                                std::chrono::steady_clock::time_point deadline) {
   const long nd = long(x0.rows()) * x0.cols();
-  // The operator the enclosure describes: centre_norm never composes a post-LN.
-  const auto normal = NormalProduct(L.WithoutPostLayerNorm(), x0, threads);
+  if (k < 1 || k > nd) throw std::invalid_argument("deflation: k must be in [1, N D]");
+  const auto normal = NormalProduct(layer, x0, threads);
   Eigen::MatrixXd q(nd, k);
   std::mt19937_64 rng(20261205);
   std::normal_distribution<double> gauss(0.0, 1.0);
   for (long i = 0; i < nd; ++i) q(i, 0) = gauss(rng);
   q.col(0).normalize();
   Eigen::VectorXd w(nd);
+  int cols = k;
   for (int j = 0; j + 1 < k; ++j) {
-    if (Past(deadline)) return Eigen::MatrixXd(q.leftCols(j + 1));
+    if (Past(deadline)) {
+      cols = j + 1;
+      break;
+    }
     normal(q.col(j).data(), w.data());
     const double before = w.norm();
     for (int pass = 0; pass < 2; ++pass) w -= q.leftCols(j + 1) * (q.leftCols(j + 1).transpose() * w);
@@ -698,8 +702,15 @@ Eigen::MatrixXd LanczosBasis(const AttentionLayer& L, const Eigen::MatrixXd& x0,
     }
     q.col(j + 1) = w / b;
   }
-  return q;
+  DeflationBasis out;
+  out.v = q.leftCols(cols);
+  out.y.resize(nd, cols);
+  const auto jvp = JacobianProduct(layer, x0, threads);
+  for (int j = 0; j < cols; ++j) jvp(out.v.col(j).data(), out.y.col(j).data());
+  return out;
 }
+
+namespace {
 
 // out += sign * a * b in floating point (round to nearest), the columns of b split over the
 // workers.
@@ -735,13 +746,16 @@ double SumErrorF(double terms, double abs_terms_f, double rows, double cols) {
 // F = fl(M - Y_I V_K^T), and ||E_IK - F||_F <= ||R||_F + the rounding of F; then D and E^T Y
 // are accumulated from F by floating GEMMs, their rounding and the F - E terms bounded
 // norm-wise. Three GEMMs of m x m x k per block and the block's Gram certificate.
-UpperBound DeflatedSuperBlockBound(const CentreState& S, const Eigen::MatrixXd& v, const Eigen::MatrixXd& y, int g,
-                                   const CentreNormOptions& o, CentreNormReport* rep) {
+// `block(r0, r1, c0, c1)` encloses the block of J for tokens [r0, r1) x [c0, c1).
+using BlockAssembler = std::function<IntervalMatrix(int r0, int r1, int c0, int c1)>;
+UpperBound DeflatedSuperBlockBound(const BlockAssembler& block, int n, int d, const Eigen::MatrixXd& v,
+                                   const Eigen::MatrixXd& y, int g, const CentreNormOptions& o, CentreNormReport* rep) {
   const ScopedSoundFpEnvironment fp_guard;
-  const int n = S.n, d = S.d, k = int(v.cols());
+  const int k = int(v.cols());
   const long nd = long(n) * d;
   const int groups = (n + g - 1) / g;
   auto rows = [&](int t) { return std::pair<long, long>{long(t) * g * d, long(std::min(n, (t + 1) * g) - t * g) * d}; };
+  if (!v.allFinite() || !y.allFinite()) return UpperBound(kInf);  // no bound from a basis that overflowed
   const IntervalMatrix vtv = Mul(Eigen::MatrixXd(v.transpose()), v);
   const double eps = NormL2UpperInterval(vtv - IntervalMatrix::Point(Eigen::MatrixXd::Identity(k, k))).value();
   const double v_norm = SqrtUp(AddUp(1.0, eps));  // >= ||V||_2, and so >= ||V_K||_2
@@ -765,7 +779,7 @@ UpperBound DeflatedSuperBlockBound(const CentreState& S, const Eigen::MatrixXd& 
     for (int c = 0; c < groups; ++c) {
       if (Past(o.deadline)) return UpperBound(kInf);
       const auto [rc, mc] = rows(c);
-      IntervalMatrix blk = AssembleBlock(S, i * g, std::min(n, (i + 1) * g), c * g, std::min(n, (c + 1) * g), o.threads);
+      IntervalMatrix blk = block(i * g, std::min(n, (i + 1) * g), c * g, std::min(n, (c + 1) * g));
       const double m_f = NormFrobeniusUpper(blk.mid).value();
       const double r_f = blk.rad.maxCoeff() == 0.0 ? 0.0 : NormFrobeniusUpper(blk.rad).value();
       Eigen::MatrixXd f = std::move(blk.mid);
@@ -799,6 +813,7 @@ UpperBound DeflatedSuperBlockBound(const CentreState& S, const Eigen::MatrixXd& 
     d_err = AddUp(d_err, AddUp(SumErrorF(double(nd), d_abs[t], m, k), d_enc[t]));
     ety_err = AddUp(ety_err, AddUp(SumErrorF(double(nd), ety_abs[t], m, k), ety_enc[t]));
   }
+  if (!b.allFinite()) return UpperBound(kInf);  // a block that overflowed
   const double d_norm = AddUp(NormFrobeniusUpper(d_fl).value(), d_err);
   const double gamma_root = NormL2UpperNonneg(b).value();
   const double alpha_root = AddUp(NormL2Upper(y).value(), d_norm);
@@ -813,14 +828,6 @@ UpperBound DeflatedSuperBlockBound(const CentreState& S, const Eigen::MatrixXd& 
   rep->deflation_coupling = beta;
   rep->deflation_orthogonality = eps;
   return UpperBound(SqrtUp(MulUp(lambda, AddUp(1.0, MulUp(eps, AddUp(1.0, eps))))));
-}
-
-// Y = J(x0) V in floating point, column by column (any Y serves the deflated bound).
-Eigen::MatrixXd JacobianTimes(const AttentionLayer& L, const Eigen::MatrixXd& x0, const Eigen::MatrixXd& v, int threads) {
-  const auto jvp = JacobianProduct(L.WithoutPostLayerNorm(), x0, threads);
-  Eigen::MatrixXd y(v.rows(), v.cols());
-  for (Eigen::Index j = 0; j < v.cols(); ++j) jvp(v.col(j).data(), y.col(j).data());
-  return y;
 }
 
 }  // namespace
@@ -843,8 +850,55 @@ UpperBound DeflatedCentreNormUpperBound(const AttentionLayer& L, const Eigen::Ma
   rep.method = "deflated_super_block";
   rep.groups = (S.n + g - 1) / g;
   rep.group_tokens = g;
-  UpperBound bound = DeflatedSuperBlockBound(S, v, y, g, o, &rep);
+  const BlockAssembler block = [&](int r0, int r1, int c0, int c1) { return AssembleBlock(S, r0, r1, c0, c1, o.threads); };
+  UpperBound bound = DeflatedSuperBlockBound(block, S.n, S.d, v, y, g, o, &rep);
   if (!std::isfinite(bound.value())) rep.timed_out = true;
+  if (report) *report = rep;
+  return bound;
+}
+
+UpperBound DeflatedPostLnCentreNormUpperBound(const AttentionLayer& mha, const Eigen::MatrixXd& x0,
+                                              const std::vector<IntervalMatrix>& left, const Eigen::MatrixXd& v,
+                                              const Eigen::MatrixXd& y, const CentreNormOptions& opts,
+                                              CentreNormReport* report, UpperBound* mha_frobenius) {
+  CentreNormOptions o = opts;
+  o.mha_only = true;
+  CheckInputs(mha, x0, o);
+  const int n = int(x0.rows()), d = int(x0.cols());
+  const long nd = long(n) * d;
+  if (v.rows() != nd || y.rows() != nd || v.cols() != y.cols() || v.cols() < 1)
+    throw std::invalid_argument("deflation: V and Y must both be (N D) x k with k >= 1");
+  if (long(left.size()) != n) throw std::invalid_argument("post-LN deflation: one J_LN enclosure per token");
+  for (const IntervalMatrix& l : left)
+    if (l.rows() != d || l.cols() != d) throw std::invalid_argument("post-LN deflation: J_LN enclosures must be D x D");
+  const auto t0 = std::chrono::steady_clock::now();
+  const CentreState S = EncloseCentre(mha, x0, o);
+  double mha_f2 = 0;  // >= ||J_MHA(X0)||_F^2, summed over the blocks as they are assembled
+  // Block (I, K) of blockdiag(J_LN) (I + J_MHA): row token i's rows times its J_LN enclosure.
+  const BlockAssembler block = [&](int r0, int r1, int c0, int c1) {
+    IntervalMatrix m = AssembleBlock(S, r0, r1, c0, c1, o.threads);
+    const double f = NormFrobeniusUpper(m).value();
+    mha_f2 = AddUp(mha_f2, MulUp(f, f));
+    if (r0 == c0) m = m + IntervalMatrix::Point(Eigen::MatrixXd::Identity(m.rows(), m.cols()));
+    IntervalMatrix out(Eigen::MatrixXd::Zero(m.rows(), m.cols()), Eigen::MatrixXd::Zero(m.rows(), m.cols()));
+    ParallelFor(r1 - r0, WorkerCount(o.threads, r1 - r0), [&](int t, int) {
+      const IntervalMatrix rows(m.mid.middleRows(long(t) * d, d), m.rad.middleRows(long(t) * d, d));
+      const IntervalMatrix prod = Mul(left[r0 + t], rows);
+      out.mid.middleRows(long(t) * d, d) = prod.mid;
+      out.rad.middleRows(long(t) * d, d) = prod.rad;
+    });
+    return out;
+  };
+  CentreNormReport rep;
+  const int g = GroupTokens(o, n, d);
+  rep.method = "deflated_super_block";
+  rep.groups = (n + g - 1) / g;
+  rep.group_tokens = g;
+  rep.frobenius_blocks = long(g) * d > o.block_limit;
+  UpperBound bound = DeflatedSuperBlockBound(block, n, d, v, y, g, o, &rep);
+  if (!std::isfinite(bound.value())) rep.timed_out = true;
+  if (mha_frobenius) *mha_frobenius = rep.timed_out ? UpperBound(kInf) : UpperBound(SqrtUp(mha_f2));
+  rep.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (report) *report = rep;
   return bound;
 }
@@ -866,16 +920,18 @@ UpperBound CentreJacobianNormUpperBound(const AttentionLayer& L, const Eigen::Ma
     const IntervalMatrix j = AssembleBlock(S, 0, n, 0, n, o.threads);
     rep.assembly_seconds = SecondsSince(t_assembly);
     bound = NormL2UpperGram(j, o.threads, &rep.estimate, o.deadline, &rep.gram);
-  } else if (const int k = L.layer_norm ? 0 : DeflationVectorsThatFit(L, n, o); k > 0) {
+  } else if (const int k = L.layer_norm ? 0 : DeflationVectorsThatFit(L, n, o, 0.0); k > 0) {
     const int g = GroupTokens(o, n, d);
     rep.method = "deflated_super_block";
     rep.groups = (n + g - 1) / g;
     rep.group_tokens = g;
     rep.frobenius_blocks = long(g) * d > o.block_limit;
     const auto t_basis = std::chrono::steady_clock::now();
-    const Eigen::MatrixXd v = LanczosBasis(L, x0, k, o.threads, o.deadline);
+    // The operator the enclosure describes: centre_norm never composes a post-LN.
+    const DeflationBasis basis = DeflationBasisOf(L.WithoutPostLayerNorm(), x0, k, o.threads, o.deadline);
     rep.deflation_basis_seconds = SecondsSince(t_basis);
-    bound = DeflatedSuperBlockBound(S, v, JacobianTimes(L, x0, v, o.threads), g, o, &rep);
+    const BlockAssembler block = [&](int r0, int r1, int c0, int c1) { return AssembleBlock(S, r0, r1, c0, c1, o.threads); };
+    bound = DeflatedSuperBlockBound(block, n, d, basis.v, basis.y, g, o, &rep);
     if (!std::isfinite(bound.value())) rep.timed_out = true;
   } else {
     // ||J||_2 <= ||B||_2, B_IK >= ||J_IK||_2 (the norm of a block matrix is at most the norm

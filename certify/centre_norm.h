@@ -34,6 +34,7 @@
 #include <Eigen/Dense>
 #include <chrono>
 #include <string>
+#include <vector>
 
 #include "interval/interval_matrix.h"
 #include "interval/rounding.h"
@@ -111,6 +112,30 @@ UpperBound CentreJacobianNormUpperBound(const AttentionLayer& layer, const Eigen
 UpperBound DeflatedCentreNormUpperBound(const AttentionLayer& layer, const Eigen::MatrixXd& x0,
                                         const Eigen::MatrixXd& v, const Eigen::MatrixXd& y,
                                         const CentreNormOptions& opts = {}, CentreNormReport* report = nullptr);
+
+// The post-LN sublayer's Jacobian at a point, ||blockdiag(L_i) (I + J_MHA(x0))||_2, by the
+// same deflated super-blocks: `mha` is the layer without its post-LN, left[i] encloses the
+// post-LN's J_LN at token i's Y0 (D x D). V and Y as above (any serve; tight when they come
+// from J_f itself: DeflationBasisOf on the full layer). *mha_frobenius >= ||J_MHA(x0)||_F,
+// from the same pass (+inf when the deadline cut it).
+UpperBound DeflatedPostLnCentreNormUpperBound(const AttentionLayer& mha, const Eigen::MatrixXd& x0,
+                                              const std::vector<IntervalMatrix>& left, const Eigen::MatrixXd& v,
+                                              const Eigen::MatrixXd& y, const CentreNormOptions& opts,
+                                              CentreNormReport* report, UpperBound* mha_frobenius);
+
+// k Lanczos vectors V of J^T J (floating point, reorthogonalised twice, a fixed start) and
+// Y = fl(J V), J the Jacobian of `layer` at x0 as the evaluator (or, with a post-LN, the
+// model's own JVP/VJP) computes it. Fewer columns when the deadline cut the Lanczos run.
+struct DeflationBasis {
+  Eigen::MatrixXd v, y;  // (N D) x k each
+};
+DeflationBasis DeflationBasisOf(const AttentionLayer& layer, const Eigen::MatrixXd& x0, int k, int threads,
+                                std::chrono::steady_clock::time_point deadline);
+
+// How many deflation vectors fit before opts.deadline (docs/engines.md, "Deflation"), with
+// `extra_seconds` of other work in the same window: opts.deflation_vectors (at most N D)
+// without a deadline; 0 when fewer than 32 fit.
+int DeflationVectorsThatFit(const AttentionLayer& layer, int tokens, const CentreNormOptions& opts, double extra_seconds);
 
 // The enclosure of all of J(x0) ((N D) x (N D), row-major token flattening i*D + a), as the
 // engine assembles it: for tests and small sizes.

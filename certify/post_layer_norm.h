@@ -38,6 +38,9 @@ PostLayerNormBound ComposePostLayerNorm(const AttentionLayer& layer, const Token
 // (ND x ND) interval matrix and its norm certified (Cholesky, interval/norms.h). Y0 is
 // enclosed in balls around exact centres yc_j, so
 //   ||J_f(X0)|| <= ||blockdiag(J_LN(yc_j)) (I + J_MHA(X0))|| + max_j sup ||J_LN(y_j) - J_LN(yc_j)|| (1 + ||J_MHA||).
+// Above N*D = min(8192, opts.dense_limit) the first term comes from deflated super-blocks instead (Lanczos vectors of
+// J_f itself, as many as fit before the deadline: opts.deflation_vectors at most, none below
+// 32; docs/engines.md, "Deflation"), and ||J_MHA|| from its Frobenius norm.
 // The layer must have no pre-LN. Timed out (upper +inf) once opts.deadline passes.
 // CertifyPostLayerNorm also uses its first term over a set, adding sup ||J_LN|| times MHA's
 // certified centre_norm variation and sup ||J_LN(Y) - J_LN(yc)|| (1 + MHA's bound).

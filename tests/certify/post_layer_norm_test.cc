@@ -282,6 +282,50 @@ TEST(PostLayerNorm, DenseCentrePlusVariationDominatesOverSmallBalls) {
   EXPECT_GT(routed, 0);  // the route gave a bound on some of the sets
 }
 
+// Above the dense size (forced here with dense_limit = 0) the centre comes from deflated
+// super-blocks of J_LN(Yc) (I + J_MHA(X0)) with Lanczos vectors of J_f: above the MPFR
+// sigma_1 of J_f for any number of vectors, within 1e-6 of it once they span everything,
+// and the same through Certify.
+TEST(PostLayerNorm, DeflatedCentreDominatesMpfrAndIsExactWithAFullBasis) {
+  mpfr::mpreal::set_default_prec(128);
+  std::mt19937_64 rng(324);
+  std::normal_distribution<double> g;
+  const long cases = testing::Count(8);
+  long checked = 0;
+  for (long c = 0; c < cases; ++c) {
+    const AttentionLayer L = RandomPostLn(int(c), rng);
+    const Eigen::MatrixXd x = Eigen::MatrixXd::NullaryExpr(2 + c % 3, L.d_model, [&] { return 2 * g(rng); });
+    const double sigma = SigmaMp(L, x);
+    const int nd = int(x.size());
+    for (int k : {1, std::max(1, nd / 2), nd}) {
+      BoundOptions o;
+      o.dense_limit = 0;
+      o.deflation_vectors = k;
+      const EngineBound e = PostLnCentreBound(L, x, o);
+      ASSERT_FALSE(e.timed_out) << "case " << c << " k " << k << " " << e.note;
+      ASSERT_EQ(e.terms.size(), 2u);
+      EXPECT_NE(e.terms[0].name.find("deflated by " + std::to_string(k) + " "), std::string::npos) << e.terms[0].name;
+      EXPECT_GE(e.upper.value(), sigma) << "case " << c << " k " << k;
+      if (k == nd) EXPECT_LE(e.upper.value(), sigma * (1 + 1e-6)) << "case " << c;
+    }
+    InputSet set;
+    set.center = x;
+    set.radius = 0;
+    CertifyOptions o;
+    o.time_limit_s = 2;
+    o.engines.dense_limit = 0;  // MHA's centre_norm off, the post-LN centre deflated
+    const Certificate cert = Certify(L, set, o, Provenance{});
+    ASSERT_EQ(cert.engines.size(), 2u);
+    EXPECT_EQ(cert.engines[1].name, "post_ln_centre");
+    EXPECT_TRUE(cert.engines[1].applied) << cert.engines[1].note;
+    EXPECT_GE(cert.upper_bound.value(), sigma) << "case " << c;
+    EXPECT_LE(cert.upper_bound.value(), sigma * (1 + 1e-6)) << "case " << c;
+    EXPECT_LE(cert.lower_bound.value(), sigma * (1 + 1e-12)) << "case " << c;
+    ++checked;
+  }
+  EXPECT_EQ(checked, cases);
+}
+
 // A deadline already passed: the dense route reports a timeout, never a number.
 TEST(PostLayerNorm, DenseCentreHonoursItsDeadline) {
   std::mt19937_64 rng(322);
