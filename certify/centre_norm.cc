@@ -674,6 +674,12 @@ int DeflationVectorsThatFit(const AttentionLayer& L, int n, const CentreNormOpti
   return k >= std::min(kMinDeflationVectors, asked) ? k : 0;
 }
 
+std::chrono::steady_clock::time_point BasisDeadline(std::chrono::steady_clock::time_point deadline) {
+  if (deadline == std::chrono::steady_clock::time_point::max()) return deadline;
+  const auto now = std::chrono::steady_clock::now();
+  return deadline <= now ? deadline : now + (deadline - now) / 2;
+}
+
 DeflationBasis DeflationBasisOf(const AttentionLayer& layer, const Eigen::MatrixXd& x0, int k, int threads,
                                 std::chrono::steady_clock::time_point deadline) {
   const long nd = long(x0.rows()) * x0.cols();
@@ -713,9 +719,10 @@ DeflationBasis DeflationBasisOf(const AttentionLayer& layer, const Eigen::Matrix
 namespace {
 
 // out += sign * a * b in floating point (round to nearest), the columns of b split over the
-// workers.
+// workers. sign is +1 or -1 (exact), which SumErrorF's error model assumes.
 template <class A, class B>
 void GemmInto(const A& a, const B& b, double sign, Eigen::Ref<Eigen::MatrixXd> out, int threads) {
+  if (sign != 1.0 && sign != -1.0) throw std::invalid_argument("GemmInto: sign must be +1 or -1");
   const int workers = WorkerCount(threads, int(std::min<Eigen::Index>(b.cols(), 8)));
   const Eigen::Index chunk = (b.cols() + workers - 1) / workers;
   ParallelFor(workers, workers, [&](int t, int) {
@@ -781,7 +788,7 @@ UpperBound DeflatedSuperBlockBound(const BlockAssembler& block, int n, int d, co
       const auto [rc, mc] = rows(c);
       IntervalMatrix blk = block(i * g, std::min(n, (i + 1) * g), c * g, std::min(n, (c + 1) * g));
       const double m_f = NormFrobeniusUpper(blk.mid).value();
-      const double r_f = blk.rad.maxCoeff() == 0.0 ? 0.0 : NormFrobeniusUpper(blk.rad).value();
+      const double r_f = NormFrobeniusUpper(blk.rad).value();  // +inf for a NaN radius
       Eigen::MatrixXd f = std::move(blk.mid);
       GemmInto(y.middleRows(ri, mi), v.middleRows(rc, mc).transpose(), -1.0, f, o.threads);
       // ||E_IK - F||_F <= ||R||_F + the rounding of F's k + 1 terms (|M| + |Y_I| |V_K|^T).
@@ -928,7 +935,7 @@ UpperBound CentreJacobianNormUpperBound(const AttentionLayer& L, const Eigen::Ma
     rep.frobenius_blocks = long(g) * d > o.block_limit;
     const auto t_basis = std::chrono::steady_clock::now();
     // The operator the enclosure describes: centre_norm never composes a post-LN.
-    const DeflationBasis basis = DeflationBasisOf(L.WithoutPostLayerNorm(), x0, k, o.threads, o.deadline);
+    const DeflationBasis basis = DeflationBasisOf(L.WithoutPostLayerNorm(), x0, k, o.threads, BasisDeadline(o.deadline));
     rep.deflation_basis_seconds = SecondsSince(t_basis);
     const BlockAssembler block = [&](int r0, int r1, int c0, int c1) { return AssembleBlock(S, r0, r1, c0, c1, o.threads); };
     bound = DeflatedSuperBlockBound(block, n, d, basis.v, basis.y, g, o, &rep);

@@ -92,9 +92,9 @@ struct CentreNormReport {
   GramStats gram;               // dense (and the super-blocks' dense certificates)
   int deflation_vectors = 0;    // deflated_super_block: k, and the three parts of its bound
   double deflation_basis_seconds = 0;
-  double deflated_top = 0;      // >= ||J V|| (= ||Y + D||, Y = fl(J V), D = E V)
-  double deflated_rest = 0;     // >= ||E||, E = J - Y V^T (super-blocks of the deflated J)
-  double deflation_coupling = 0;  // >= ||(J V)^T E||
+  double deflated_top = 0;      // >= ||Y + D|| (Y = fl(J V), E = J - Y V^T, D = E V)
+  double deflated_rest = 0;     // >= ||E|| (super-blocks of the deflated J)
+  double deflation_coupling = 0;  // >= ||(Y + D)^T E||
   double deflation_orthogonality = 0;  // >= ||V^T V - I||
   bool timed_out = false; // the deadline passed: the bound is +inf
 };
@@ -131,10 +131,13 @@ struct DeflationBasis {
 };
 DeflationBasis DeflationBasisOf(const AttentionLayer& layer, const Eigen::MatrixXd& x0, int k, int threads,
                                 std::chrono::steady_clock::time_point deadline);
+// The deadline for the basis inside a window ending at `deadline`: half of the time left, so
+// that a basis cut short still leaves the blocks their time (max() stays max()).
+std::chrono::steady_clock::time_point BasisDeadline(std::chrono::steady_clock::time_point deadline);
 
 // How many deflation vectors fit before opts.deadline (docs/engines.md, "Deflation"), with
 // `extra_seconds` of other work in the same window: opts.deflation_vectors (at most N D)
-// without a deadline; 0 when fewer than 32 fit.
+// without a deadline; 0 when fewer than min(32, asked) fit.
 int DeflationVectorsThatFit(const AttentionLayer& layer, int tokens, const CentreNormOptions& opts, double extra_seconds);
 
 // The enclosure of all of J(x0) ((N D) x (N D), row-major token flattening i*D + a), as the

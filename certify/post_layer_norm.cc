@@ -99,7 +99,7 @@ EngineBound PostLnDeflatedCentreBound(const AttentionLayer& L, const Eigen::Matr
   const PostLayerNormBound y = ComposePostLayerNorm(L, cover, UpperBound(0), UpperBound(0), NormKind::kL2);
   if (!std::isfinite(y.upper.value())) return TimedOutBound(kName);
   const MhaInput lin = PostLnFactorsOver(L, y.y_cover, NormKind::kL2);
-  const DeflationBasis basis = DeflationBasisOf(L, x0, k, opts.threads, opts.deadline);
+  const DeflationBasis basis = DeflationBasisOf(L, x0, k, opts.threads, BasisDeadline(opts.deadline));
   CentreNormReport rep;
   UpperBound jm_frobenius(kInf);
   const UpperBound centre = DeflatedPostLnCentreNormUpperBound(mha, x0, lin.ln_jac, basis.v, basis.y, co, &rep, &jm_frobenius);
@@ -183,9 +183,10 @@ using Clock = std::chrono::steady_clock;
 double SecondsSince(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
 // A few power iterations of J_f^T J_f at x from v (norm 2): a direction to re-evaluate.
-Eigen::MatrixXd PowerDirection(const AttentionLayer& L, const Eigen::MatrixXd& x, Eigen::MatrixXd v, int steps) {
+Eigen::MatrixXd PowerDirection(const AttentionLayer& L, const Eigen::MatrixXd& x, Eigen::MatrixXd v, int steps,
+                               Clock::time_point until) {
   const LayerState<double> s = Evaluate<double>(L, x);
-  for (int k = 0; k < steps; ++k) {
+  for (int k = 0; k < steps && Clock::now() < until; ++k) {
     const Eigen::MatrixXd w = Vjp<double>(L, s, Jvp<double>(L, s, v));
     const double nw = w.norm();
     if (!(nw > 0) || !std::isfinite(nw)) break;
@@ -301,7 +302,7 @@ Certificate CertifyPostLayerNorm(const AttentionLayer& L, const InputSet& set, c
       const UpperBound centre = dense.terms.at(0).value;
       const UpperBound through_mha(MulUp(b.ln_upper.value(), variation));
       const UpperBound through_ln(MulUp(delta_ln, AddUp(1.0, c2.upper_bound.value())));
-      dense.terms = {{"||J_LN(Yc) (I + J_MHA(X0))||, dense", centre},
+      dense.terms = {{dense.terms.at(0).name, centre},
                      {"ln_upper x MHA variation (centre_norm)", through_mha},
                      {"sup ||J_LN(Y) - J_LN(Yc)|| x (1 + mha_upper)", through_ln}};
       dense.upper = UpperBound(AddUp(AddUp(centre.value(), through_mha.value()), through_ln.value()));
@@ -366,7 +367,9 @@ Certificate CertifyPostLayerNorm(const AttentionLayer& L, const InputSet& set, c
     if (SecondsSince(start) > o.time_limit_s) break;
     // At a point the centre's top singular vector is the witness: power steps converge as
     // (sigma_2 / sigma_1)^2 per step, about 0.94 on MiniLM, so a point set gets more of them.
-    const Eigen::MatrixXd v2 = PowerDirection(L, x, v0 / v0.norm(), set.radius == 0 ? 200 : 30);
+    const Eigen::MatrixXd v2 = PowerDirection(L, x, v0 / v0.norm(), set.radius == 0 ? 200 : 30,
+                                              start + std::chrono::duration_cast<Clock::duration>(
+                                                          std::chrono::duration<double>(o.time_limit_s)));
     if (o.norm == NormKind::kL2)
       consider(x, v2, "power:" + origin);
     else

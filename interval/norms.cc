@@ -164,6 +164,7 @@ LanczosEstimate Lanczos(const Eigen::MatrixXd& b, int max_steps, double tol) {
       x->noalias() -= q.leftCols(cols) * c;
     }
   };
+  bool ever_restarted = false;
   for (Eigen::Index k = 0; k < kmax; ++k) {
     q.col(k) = v;
     w.noalias() = b * v;
@@ -186,6 +187,7 @@ LanczosEstimate Lanczos(const Eigen::MatrixXd& b, int max_steps, double tol) {
       orthogonalise(k + 1, &w);
       restarted = w.norm() > 1e-8 * fresh;
       bt = restarted ? w.norm() : 0.0;
+      ever_restarted |= restarted;
     }
     const bool last = (k + 1 == kmax) || !(bt > 0);
     if ((k + 1) % 10 == 0 || last) {
@@ -200,7 +202,9 @@ LanczosEstimate Lanczos(const Eigen::MatrixXd& b, int max_steps, double tol) {
       est.lambda_min = es.eigenvalues()(0);
       const double resid = std::fabs(bt * es.eigenvectors()(m - 1, m - 1));
       const double scale = std::max(std::fabs(est.lambda_max), std::fabs(est.lambda_min));
-      if (last || (!restarted && resid <= tol * scale)) break;
+      // After a restart T splits into blocks, and the residual of a Ritz vector of an
+      // earlier block is 0 whatever the new block holds: no early stop from then on.
+      if (last || (!ever_restarted && resid <= tol * scale)) break;
     }
     beta.push_back(restarted ? 0.0 : bt);
     v = w / bt;
