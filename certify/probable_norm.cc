@@ -65,15 +65,24 @@ double KuczynskiWozniakowskiEpsilon(double n, int k, double delta) {
   return std::max(0.0, MulUp(root, root));
 }
 
-std::function<void(const double*, double*)> NormalProduct(const AttentionLayer& layer, const Eigen::MatrixXd& x0,
-                                                          int threads) {
+namespace {
+
+// v -> J v and u -> J^T u at x0 in floating point (flat, row-major (token, feature)).
+struct Products {
+  std::function<void(const double*, double*)> jvp, vjp;
+};
+Products ProductsOf(const AttentionLayer& layer, const Eigen::MatrixXd& x0, int threads) {
   const int tokens = int(x0.rows()), d = layer.d_model;
+  Products p;
   if (layer.post_ln()) {
     auto state = std::make_shared<const LayerState<double>>(Evaluate<double>(layer, x0));
-    return [layer, state, tokens, d](const double* v, double* out) {
-      const Eigen::MatrixXd dv = Eigen::Map<const RowMajorXd>(v, tokens, d);
-      Eigen::Map<RowMajorXd>(out, tokens, d) = Vjp<double>(layer, *state, Jvp<double>(layer, *state, dv));
+    p.jvp = [layer, state, tokens, d](const double* v, double* out) {
+      Eigen::Map<RowMajorXd>(out, tokens, d) = Jvp<double>(layer, *state, Eigen::MatrixXd(Eigen::Map<const RowMajorXd>(v, tokens, d)));
     };
+    p.vjp = [layer, state, tokens, d](const double* u, double* out) {
+      Eigen::Map<RowMajorXd>(out, tokens, d) = Vjp<double>(layer, *state, Eigen::MatrixXd(Eigen::Map<const RowMajorXd>(u, tokens, d)));
+    };
+    return p;
   }
   EvaluatorOptions eo;
   eo.device = Device::kCpu;
@@ -81,30 +90,27 @@ std::function<void(const double*, double*)> NormalProduct(const AttentionLayer& 
   eo.threads = std::max(1, threads);
   std::shared_ptr<JacobianEvaluator> eval = MakeJacobianEvaluator(layer, tokens, eo);
   auto x = std::make_shared<const RowMajorXd>(x0);
-  return [eval, x, tokens, d](const double* v, double* out) {
-    RowMajorXd jv(tokens, d);
-    eval->Jvp(x->data(), v, 1, jv.data());
-    eval->Vjp(x->data(), jv.data(), 1, out);
+  p.jvp = [eval, x](const double* v, double* out) { eval->Jvp(x->data(), v, 1, out); };
+  p.vjp = [eval, x](const double* u, double* out) { eval->Vjp(x->data(), u, 1, out); };
+  return p;
+}
+
+}  // namespace
+
+std::function<void(const double*, double*)> NormalProduct(const AttentionLayer& layer, const Eigen::MatrixXd& x0,
+                                                          int threads) {
+  const Products p = ProductsOf(layer, x0, threads);
+  const long n = long(x0.rows()) * layer.d_model;
+  return [p, n](const double* v, double* out) {
+    std::vector<double> jv(static_cast<size_t>(n));
+    p.jvp(v, jv.data());
+    p.vjp(jv.data(), out);
   };
 }
 
 std::function<void(const double*, double*)> JacobianProduct(const AttentionLayer& layer, const Eigen::MatrixXd& x0,
                                                             int threads) {
-  const int tokens = int(x0.rows()), d = layer.d_model;
-  if (layer.post_ln()) {
-    auto state = std::make_shared<const LayerState<double>>(Evaluate<double>(layer, x0));
-    return [layer, state, tokens, d](const double* v, double* out) {
-      const Eigen::MatrixXd dv = Eigen::Map<const RowMajorXd>(v, tokens, d);
-      Eigen::Map<RowMajorXd>(out, tokens, d) = Jvp<double>(layer, *state, dv);
-    };
-  }
-  EvaluatorOptions eo;
-  eo.device = Device::kCpu;
-  eo.dtype = DType::kF64;
-  eo.threads = std::max(1, threads);
-  std::shared_ptr<JacobianEvaluator> eval = MakeJacobianEvaluator(layer, tokens, eo);
-  auto x = std::make_shared<const RowMajorXd>(x0);
-  return [eval, x](const double* v, double* out) { eval->Jvp(x->data(), v, 1, out); };
+  return ProductsOf(layer, x0, threads).jvp;
 }
 
 ProbableUpperBound ProbableJacobianNormUpper(const AttentionLayer& layer, const Eigen::MatrixXd& x0,

@@ -161,6 +161,27 @@ TEST(CentreNormTest, DenseBoundIsExactAndSuperBlocksDominateIt) {
   RecordProperty("worst_relative_excess", std::to_string(worst));
 }
 
+// A deflation case: a random layer without LayerNorm (dot or L2, masks, biases; D <= 5, up
+// to 3 heads), a centre of 2 to 5 tokens, and J(x0) formed in MPFR (rounded to double).
+struct DeflationCase {
+  AttentionLayer layer;
+  Eigen::MatrixXd x0, jacobian;
+  double sigma = 0;
+};
+DeflationCase RandomDeflationCase(std::mt19937_64& rng) {
+  RandomLayerOptions lo;
+  lo.max_width = 5;
+  lo.max_heads = 3;
+  DeflationCase c;
+  c.layer = RandomLayer(rng, lo);
+  c.layer.layer_norm.reset();
+  const int n = 2 + int(rng() % 4);
+  c.x0 = RandomCentre(rng, n, c.layer.d_model, 1.0);
+  c.jacobian = ToDouble(ReferenceJacobian(c.layer, c.x0, CentreNormOptions{}));
+  c.sigma = Sigma1(c.jacobian);
+  return c;
+}
+
 // The deflated super-block bound: above sigma_1 of the MPFR Jacobian for every group size
 // and number of deflation vectors (1 to N*D), on layers without LayerNorm (dot and L2,
 // masks, biases). Once V spans everything (k = N*D: J P and the coupling are rounding
@@ -172,15 +193,8 @@ TEST(CentreNormTest, DeflatedSuperBlocksDominateTheMpfrNormAndTighten) {
   const int cases = int(40 * TestScale());
   int checked = 0, tight = 0;
   for (int t = 0; t < cases; ++t) {
-    RandomLayerOptions lo;
-    lo.max_width = 5;
-    lo.max_heads = 3;
-    AttentionLayer L = RandomLayer(rng, lo);
-    L.layer_norm.reset();
-    const int n = 2 + int(rng() % 4);
-    const Eigen::MatrixXd x0 = RandomCentre(rng, n, L.d_model, 1.0);
-    const double sigma = Sigma1(ToDouble(ReferenceJacobian(L, x0, CentreNormOptions{})));
-    const int nd = n * L.d_model;
+    const auto [L, x0, j, sigma] = RandomDeflationCase(rng);
+    const int n = int(x0.rows()), nd = int(x0.size());
     for (int g = 1; g < n; ++g) {
       CentreNormOptions o;
       o.dense_limit = 0;
@@ -219,16 +233,8 @@ TEST(CentreNormTest, DeflatedBoundHoldsForAnyBasisAndImage) {
   const int cases = int(30 * TestScale());
   int checked = 0, tight = 0;
   for (int t = 0; t < cases; ++t) {
-    RandomLayerOptions lo;
-    lo.max_width = 5;
-    lo.max_heads = 3;
-    AttentionLayer L = RandomLayer(rng, lo);
-    L.layer_norm.reset();
-    const int n = 2 + int(rng() % 4);
-    const Eigen::MatrixXd x0 = RandomCentre(rng, n, L.d_model, 1.0);
-    const Eigen::MatrixXd j = ToDouble(ReferenceJacobian(L, x0, CentreNormOptions{}));
-    const double sigma = Sigma1(j);
-    const int nd = n * L.d_model;
+    const auto [L, x0, j, sigma] = RandomDeflationCase(rng);
+    const int n = int(x0.rows()), nd = int(x0.size());
     for (int g = 1; g <= n; ++g) {
       CentreNormOptions o;
       o.block_tokens = g;

@@ -94,6 +94,30 @@ Eigen::MatrixXd RandomPointIn(const InputSet& set, std::mt19937_64& rng) {
   return set.Project(set.center + dx);
 }
 
+// Case c of the point tests: a random post-LN layer, a centre of 2 to 4 tokens and the MPFR
+// sigma_1 of J_f there.
+struct PointCase {
+  AttentionLayer layer;
+  Eigen::MatrixXd x;
+  double sigma = 0;
+};
+PointCase RandomPointCase(long c, std::mt19937_64& rng) {
+  std::normal_distribution<double> g;
+  PointCase p;
+  p.layer = RandomPostLn(int(c), rng);
+  p.x = Eigen::MatrixXd::NullaryExpr(2 + c % 3, p.layer.d_model, [&] { return 2 * g(rng); });
+  p.sigma = SigmaMp(p.layer, p.x);
+  return p;
+}
+
+// Certify at radius 0 around x.
+Certificate CertifyAtPoint(const AttentionLayer& L, const Eigen::MatrixXd& x, const CertifyOptions& o) {
+  InputSet set;
+  set.center = x;
+  set.radius = 0;
+  return Certify(L, set, o, Provenance{});
+}
+
 // The composition with MHA bounded by the block-norm / centred engines: many cases, cheap.
 TEST(PostLayerNorm, ComposedBoundDominatesMpfrValuesAtRandomPoints) {
   std::mt19937_64 rng(2024);
@@ -213,25 +237,19 @@ TEST(PostLayerNorm, ProbabilisticFieldIsTheSublayersOwn) {
 TEST(PostLayerNorm, DenseCentreIsExactAtAPoint) {
   mpfr::mpreal::set_default_prec(128);
   std::mt19937_64 rng(321);
-  std::normal_distribution<double> g;
   const long cases = testing::Count(8);
   long checked = 0;
   for (long c = 0; c < cases; ++c) {
-    const AttentionLayer L = RandomPostLn(int(c), rng);
-    const Eigen::MatrixXd x = Eigen::MatrixXd::NullaryExpr(2 + c % 3, L.d_model, [&] { return 2 * g(rng); });
-    const double sigma = SigmaMp(L, x);
+    const auto [L, x, sigma] = RandomPointCase(c, rng);
     const EngineBound e = PostLnCentreBound(L, x, BoundOptions{});
     ASSERT_FALSE(e.timed_out) << "case " << c;
     EXPECT_GE(e.upper.value(), sigma * (1 + 1e-12)) << "case " << c;
     EXPECT_LE(e.upper.value(), sigma * (1 + 1e-6)) << "case " << c;
     ASSERT_EQ(e.terms.size(), 2u);
 
-    InputSet set;
-    set.center = x;
-    set.radius = 0;
     CertifyOptions o;
     o.time_limit_s = 1;
-    const Certificate cert = Certify(L, set, o, Provenance{});
+    const Certificate cert = CertifyAtPoint(L, x, o);
     ASSERT_EQ(cert.engines.size(), 2u);
     EXPECT_EQ(cert.engines[1].name, "post_ln_centre");
     EXPECT_EQ(cert.upper_bound.value(), std::min(cert.engines[0].upper.value(), e.upper.value())) << "case " << c;
@@ -289,13 +307,10 @@ TEST(PostLayerNorm, DenseCentrePlusVariationDominatesOverSmallBalls) {
 TEST(PostLayerNorm, DeflatedCentreDominatesMpfrAndIsExactWithAFullBasis) {
   mpfr::mpreal::set_default_prec(128);
   std::mt19937_64 rng(324);
-  std::normal_distribution<double> g;
   const long cases = testing::Count(8);
   long checked = 0;
   for (long c = 0; c < cases; ++c) {
-    const AttentionLayer L = RandomPostLn(int(c), rng);
-    const Eigen::MatrixXd x = Eigen::MatrixXd::NullaryExpr(2 + c % 3, L.d_model, [&] { return 2 * g(rng); });
-    const double sigma = SigmaMp(L, x);
+    const auto [L, x, sigma] = RandomPointCase(c, rng);
     const int nd = int(x.size());
     for (int k : {1, std::max(1, nd / 2), nd}) {
       BoundOptions o;
@@ -308,13 +323,10 @@ TEST(PostLayerNorm, DeflatedCentreDominatesMpfrAndIsExactWithAFullBasis) {
       EXPECT_GE(e.upper.value(), sigma) << "case " << c << " k " << k;
       if (k == nd) EXPECT_LE(e.upper.value(), sigma * (1 + 1e-6)) << "case " << c;
     }
-    InputSet set;
-    set.center = x;
-    set.radius = 0;
     CertifyOptions o;
     o.time_limit_s = 2;
     o.engines.dense_limit = 0;  // MHA's centre_norm off, the post-LN centre deflated
-    const Certificate cert = Certify(L, set, o, Provenance{});
+    const Certificate cert = CertifyAtPoint(L, x, o);
     ASSERT_EQ(cert.engines.size(), 2u);
     EXPECT_EQ(cert.engines[1].name, "post_ln_centre");
     EXPECT_TRUE(cert.engines[1].applied) << cert.engines[1].note;
