@@ -656,6 +656,8 @@ constexpr int kMinDeflationVectors = 32;
 constexpr double kPlainShare = 0.52;
 constexpr double kSecondsPerVector = 1.7e-10;   // times (N D)^2
 constexpr double kSecondsPerVector2 = 1.2e-9;   // times N D k^2
+// One J^T J product of the basis: 1.1e-11 (N D)^2 s (N = 32: 0.5 s of the 1.84 s for k = 300).
+constexpr double kSecondsPerProduct = 1.1e-11;
 }  // namespace
 
 int DeflationVectorsThatFit(const AttentionLayer& L, int n, const CentreNormOptions& o, double extra_seconds) {
@@ -674,10 +676,38 @@ int DeflationVectorsThatFit(const AttentionLayer& L, int n, const CentreNormOpti
   return k >= std::min(kMinDeflationVectors, asked) ? k : 0;
 }
 
-std::chrono::steady_clock::time_point BasisDeadline(std::chrono::steady_clock::time_point deadline) {
+int DeflationVectorsAfterBasis(const AttentionLayer& L, int n, const CentreNormOptions& o, int k, double basis_seconds,
+                               double extra_seconds) {
+  if (o.deadline == std::chrono::steady_clock::time_point::max() || k <= 0) return std::max(k, 0);
+  const double nd = double(n) * L.d_model;
+  // The basis at idle: its reorthogonalisation and its k J^T J products.
+  const double idle_basis = kSecondsPerVector2 * nd * double(k) * k + kSecondsPerProduct * nd * nd * k;
+  const double load = std::max(1.0, basis_seconds / idle_basis);
+  CentreNormOptions plain = o;
+  plain.deflation_vectors = 0;
+  const double left = std::chrono::duration<double>(o.deadline - std::chrono::steady_clock::now()).count();
+  const double budget = left / (1.3 * load) - kPlainShare * CentreNormSecondsEstimate(L, n, plain) - extra_seconds;
+  if (!(budget > 0)) return 0;
+  const int kept = int(std::min<double>(k, std::floor(budget / (kSecondsPerVector * nd * nd))));
+  // Under 3x load (three runs on 2 cores) MiniLM N = 32 kept 56 and 131 of about 600
+  // vectors, and the blocks' certificates then ran out of time: 14.8 and 15.1 against the
+  // plain super-blocks' 6.353. So fewer than half of k means the plain super-blocks.
+  return kept >= std::max(std::min(kMinDeflationVectors, k), (k + 1) / 2) ? kept : 0;
+}
+
+std::chrono::steady_clock::time_point BasisDeadline(std::chrono::steady_clock::time_point deadline, int tokens, int d,
+                                                    int k) {
   if (deadline == std::chrono::steady_clock::time_point::max()) return deadline;
   const auto now = std::chrono::steady_clock::now();
-  return deadline <= now ? deadline : now + (deadline - now) / 2;
+  if (deadline <= now) return deadline;
+  // At most twice the basis's idle time: on a machine so loaded that it is cut there, the
+  // after-basis check leaves the rest of the window to the plain super-blocks.
+  const double nd = double(tokens) * d;
+  const double idle = kSecondsPerVector2 * nd * double(k) * k + kSecondsPerProduct * nd * nd * k;
+  // (0.5 s at least: small layers' bases are all set-up)
+  const auto cap =
+      std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(std::max(0.5, 2 * idle)));
+  return now + std::min<std::chrono::steady_clock::duration>((deadline - now) / 2, cap);
 }
 
 DeflationBasis DeflationBasisOf(const AttentionLayer& layer, const Eigen::MatrixXd& x0, int k, int threads,
@@ -778,7 +808,10 @@ UpperBound DeflatedSuperBlockBound(const BlockAssembler& block, int n, int d, co
   std::vector<double> d_abs(groups, 0.0), d_enc(groups, 0.0), ety_abs(groups, 0.0), ety_enc(groups, 0.0);
   Eigen::MatrixXd b(groups, groups);
   const double m_max = double(g) * d;
-  double gram_s = m_max * m_max * m_max * (0.5 + 1.0 / 3) / 1.5e10;
+  // Per block, modelled then measured: the Gram certificate, and the rest (the assembly and
+  // the three GEMMs). A block gets its certificate when that and the rest of every block
+  // still to come fit before the deadline (anytime, as the plain super-blocks).
+  double gram_s = m_max * m_max * m_max * (0.5 + 1.0 / 3) / 1.5e10, rest_s = 0;
   const bool frobenius = long(g) * d > o.block_limit;
   int done = 0;
   for (int i = 0; i < groups; ++i) {
@@ -786,6 +819,7 @@ UpperBound DeflatedSuperBlockBound(const BlockAssembler& block, int n, int d, co
     for (int c = 0; c < groups; ++c) {
       if (Past(o.deadline)) return UpperBound(kInf);
       const auto [rc, mc] = rows(c);
+      const auto t_rest = std::chrono::steady_clock::now();
       IntervalMatrix blk = block(i * g, std::min(n, (i + 1) * g), c * g, std::min(n, (c + 1) * g));
       const double m_f = NormFrobeniusUpper(blk.mid).value();
       const double r_f = NormFrobeniusUpper(blk.rad).value();  // +inf for a NaN radius
@@ -800,9 +834,10 @@ UpperBound DeflatedSuperBlockBound(const BlockAssembler& block, int n, int d, co
       d_enc[i] = AddUp(d_enc[i], MulUp(rho, v_norm));
       ety_abs[c] = AddUp(ety_abs[c], MulUp(f_f, y_f[i]));
       ety_enc[c] = AddUp(ety_enc[c], MulUp(rho, y_f[i]));
+      rest_s = std::max(rest_s, SecondsSince(t_rest));
       const double left = std::chrono::duration<double>(o.deadline - std::chrono::steady_clock::now()).count();
       double dense = kInf;
-      if (!frobenius && gram_s * double(groups * groups - done) <= left) {
+      if (!frobenius && gram_s + rest_s * double(groups * groups - done - 1) <= left) {
         const auto t_block = std::chrono::steady_clock::now();
         dense = NormL2UpperGram(IntervalMatrix(std::move(f), Eigen::MatrixXd::Zero(mi, mc)), o.threads, nullptr, o.deadline,
                                 &rep->gram).value();
@@ -835,6 +870,51 @@ UpperBound DeflatedSuperBlockBound(const BlockAssembler& block, int n, int d, co
   rep->deflation_coupling = beta;
   rep->deflation_orthogonality = eps;
   return UpperBound(SqrtUp(MulUp(lambda, AddUp(1.0, MulUp(eps, AddUp(1.0, eps))))));
+}
+
+// ||J||_2 <= ||B||_2, B_IK >= ||J_IK||_2 (the norm of a block matrix is at most the norm
+// of the matrix of its block norms). Every B_IK starts as the block's Frobenius norm
+// (one pass over its enclosure) and becomes its dense certificate when that is
+// predicted to fit before the deadline with the assembly of the blocks still to come:
+// anytime, so the deadline costs tightness, not the bound. Diagonal blocks first.
+UpperBound PlainSuperBlockBound(const CentreState& S, const CentreNormOptions& o, CentreNormReport& rep) {
+  const int n = S.n, d = S.d;
+  const int g = GroupTokens(o, n, d);
+  const int groups = (n + g - 1) / g;
+  rep.method = "super_block";
+  rep.groups = groups;
+  rep.group_tokens = g;
+  rep.frobenius_blocks = long(g) * d > o.block_limit;
+  std::vector<std::pair<int, int>> order;
+  for (int i = 0; i < groups; ++i) order.push_back({i, i});
+  for (int i = 0; i < groups; ++i)
+    for (int k = 0; k < groups; ++k)
+      if (i != k) order.push_back({i, k});
+  const double m = double(g) * d;
+  double gram_s = m * m * m * (0.5 + 1.0 / 3) / 1.5e10, assembly_s = 0;  // per block (model, then measured)
+  Eigen::MatrixXd b(groups, groups);
+  for (size_t t = 0; t < order.size(); ++t) {
+    if (Past(o.deadline)) {
+      rep.timed_out = true;
+      break;
+    }
+    const auto [ir, kc] = order[t];
+    const int r0 = ir * g, r1 = std::min(n, r0 + g), c0 = kc * g, c1 = std::min(n, c0 + g);
+    auto t_block = std::chrono::steady_clock::now();
+    const IntervalMatrix blk = AssembleBlock(S, r0, r1, c0, c1, o.threads);
+    assembly_s = std::max(assembly_s, SecondsSince(t_block));
+    rep.assembly_seconds += SecondsSince(t_block);
+    const double left = std::chrono::duration<double>(o.deadline - std::chrono::steady_clock::now()).count();
+    double dense = kInf;
+    if (!rep.frobenius_blocks && gram_s + assembly_s * double(order.size() - t - 1) <= left) {
+      t_block = std::chrono::steady_clock::now();
+      dense = NormL2UpperGram(blk, o.threads, nullptr, o.deadline, &rep.gram).value();
+      gram_s = SecondsSince(t_block);
+    }
+    if (std::isfinite(dense)) ++rep.exact_blocks;
+    b(ir, kc) = std::isfinite(dense) ? dense : NormFrobeniusUpper(blk).value();
+  }
+  return rep.timed_out ? UpperBound(kInf) : NormL2UpperNonneg(b);
 }
 
 }  // namespace
@@ -935,53 +1015,21 @@ UpperBound CentreJacobianNormUpperBound(const AttentionLayer& L, const Eigen::Ma
     rep.frobenius_blocks = long(g) * d > o.block_limit;
     const auto t_basis = std::chrono::steady_clock::now();
     // The operator the enclosure describes: centre_norm never composes a post-LN.
-    const DeflationBasis basis = DeflationBasisOf(L.WithoutPostLayerNorm(), x0, k, o.threads, BasisDeadline(o.deadline));
+    const DeflationBasis basis = DeflationBasisOf(L.WithoutPostLayerNorm(), x0, k, o.threads, BasisDeadline(o.deadline, n, d, k));
     rep.deflation_basis_seconds = SecondsSince(t_basis);
-    const BlockAssembler block = [&](int r0, int r1, int c0, int c1) { return AssembleBlock(S, r0, r1, c0, c1, o.threads); };
-    bound = DeflatedSuperBlockBound(block, n, d, basis.v, basis.y, g, o, &rep);
-    if (!std::isfinite(bound.value())) rep.timed_out = true;
-  } else {
-    // ||J||_2 <= ||B||_2, B_IK >= ||J_IK||_2 (the norm of a block matrix is at most the norm
-    // of the matrix of its block norms). Every B_IK starts as the block's Frobenius norm
-    // (one pass over its enclosure) and becomes its dense certificate when that is
-    // predicted to fit before the deadline with the assembly of the blocks still to come:
-    // anytime, so the deadline costs tightness, not the bound. Diagonal blocks first.
-    const int g = GroupTokens(o, n, d);
-    const int groups = (n + g - 1) / g;
-    rep.method = "super_block";
-    rep.groups = groups;
-    rep.group_tokens = g;
-    rep.frobenius_blocks = long(g) * d > o.block_limit;
-    std::vector<std::pair<int, int>> order;
-    for (int i = 0; i < groups; ++i) order.push_back({i, i});
-    for (int i = 0; i < groups; ++i)
-      for (int k = 0; k < groups; ++k)
-        if (i != k) order.push_back({i, k});
-    const double m = double(g) * d;
-    double gram_s = m * m * m * (0.5 + 1.0 / 3) / 1.5e10, assembly_s = 0;  // per block (model, then measured)
-    Eigen::MatrixXd b(groups, groups);
-    for (size_t t = 0; t < order.size(); ++t) {
-      if (Past(o.deadline)) {
-        rep.timed_out = true;
-        break;
-      }
-      const auto [ir, kc] = order[t];
-      const int r0 = ir * g, r1 = std::min(n, r0 + g), c0 = kc * g, c1 = std::min(n, c0 + g);
-      auto t_block = std::chrono::steady_clock::now();
-      const IntervalMatrix blk = AssembleBlock(S, r0, r1, c0, c1, o.threads);
-      assembly_s = std::max(assembly_s, SecondsSince(t_block));
-      rep.assembly_seconds += SecondsSince(t_block);
-      const double left = std::chrono::duration<double>(o.deadline - std::chrono::steady_clock::now()).count();
-      double dense = kInf;
-      if (!rep.frobenius_blocks && gram_s + assembly_s * double(order.size() - t - 1) <= left) {
-        t_block = std::chrono::steady_clock::now();
-        dense = NormL2UpperGram(blk, o.threads, nullptr, o.deadline, &rep.gram).value();
-        gram_s = SecondsSince(t_block);
-      }
-      if (std::isfinite(dense)) ++rep.exact_blocks;
-      b(ir, kc) = std::isfinite(dense) ? dense : NormFrobeniusUpper(blk).value();
+    // k was sized for an idle machine; a loaded one shows in the basis's own time. Fewer
+    // columns of V and Y serve as well; with fewer than 32 the plain super-blocks run.
+    const int kept = int(basis.v.cols()) < k ? 0  // cut at twice its idle time: a loaded machine
+                                             : DeflationVectorsAfterBasis(L, n, o, k, rep.deflation_basis_seconds, 0.0);
+    if (kept == 0) {
+      bound = PlainSuperBlockBound(S, o, rep);
+    } else {
+      const BlockAssembler block = [&](int r0, int r1, int c0, int c1) { return AssembleBlock(S, r0, r1, c0, c1, o.threads); };
+      bound = DeflatedSuperBlockBound(block, n, d, basis.v.leftCols(kept), basis.y.leftCols(kept), g, o, &rep);
+      if (!std::isfinite(bound.value())) rep.timed_out = true;
     }
-    if (!rep.timed_out) bound = NormL2UpperNonneg(b);
+  } else {
+    bound = PlainSuperBlockBound(S, o, rep);
   }
   // A deadline that passed inside a Gram or Cholesky step shows as +inf there.
   if (Past(o.deadline) && !std::isfinite(bound.value())) rep.timed_out = true;

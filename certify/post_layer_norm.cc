@@ -18,6 +18,11 @@
 namespace lipcert {
 
 namespace {
+using Clock = std::chrono::steady_clock;
+double SecondsSince(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+}  // namespace
+
+namespace {
 // The post-LN's LayerNorm factors over a cover of Y: the pre-LN machinery (MhaInputOver) on a
 // layer whose pre-LN carries the post-LN's parameters. ell: sup ||J_LN||_p per token; ln_jac:
 // J_LN at the cover's centres; delta_ln: sup ||J_LN(y) - J_LN(yc)||_2 over each ball.
@@ -99,7 +104,11 @@ EngineBound PostLnDeflatedCentreBound(const AttentionLayer& L, const Eigen::Matr
   const PostLayerNormBound y = ComposePostLayerNorm(L, cover, UpperBound(0), UpperBound(0), NormKind::kL2);
   if (!std::isfinite(y.upper.value())) return TimedOutBound(kName);
   const MhaInput lin = PostLnFactorsOver(L, y.y_cover, NormKind::kL2);
-  const DeflationBasis basis = DeflationBasisOf(L, x0, k, opts.threads, BasisDeadline(opts.deadline));
+  // All the columns the basis gets before its deadline: the block pass's certificates are
+  // anytime, and the alternative, the composition, is far looser. (Its products go through
+  // the model's own JVP and VJP, slower than the evaluator's, so the attention route's
+  // after-basis load check would misread them.)
+  const DeflationBasis basis = DeflationBasisOf(L, x0, k, opts.threads, BasisDeadline(opts.deadline, n, d, 4 * k));
   CentreNormReport rep;
   UpperBound jm_frobenius(kInf);
   const UpperBound centre = DeflatedPostLnCentreNormUpperBound(mha, x0, lin.ln_jac, basis.v, basis.y, co, &rep, &jm_frobenius);
@@ -177,10 +186,6 @@ EngineBound PostLnCentreBound(const AttentionLayer& L, const Eigen::MatrixXd& x0
 }
 
 namespace {
-
-using Clock = std::chrono::steady_clock;
-
-double SecondsSince(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
 // A few power iterations of J_f^T J_f at x from v (norm 2): a direction to re-evaluate.
 Eigen::MatrixXd PowerDirection(const AttentionLayer& L, const Eigen::MatrixXd& x, Eigen::MatrixXd v, int steps,
