@@ -58,7 +58,7 @@ int main(int argc, char** argv) {
                 CentreNormSecondsEstimate(L, int(x0.rows()), o), rep.assembly_seconds, rep.gram.gram_seconds,
                 rep.gram.lanczos_seconds, rep.gram.cholesky_seconds, rep.gram.cholesky_attempts);
     if (rep.deflation_vectors > 0)
-      std::printf("deflation: k=%d basis=%.2f s ||J V C||<=%.6g ||J P||<=%.6g coupling<=%.6g exact_blocks=%d\n",
+      std::printf("deflation: k=%d basis=%.2f s ||Y+D||<=%.6g ||E||<=%.6g coupling<=%.6g exact_blocks=%d\n",
                   rep.deflation_vectors, rep.deflation_basis_seconds, rep.deflated_top, rep.deflated_rest,
                   rep.deflation_coupling, rep.exact_blocks);
     return 0;

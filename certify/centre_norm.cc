@@ -658,35 +658,32 @@ constexpr double kSecondsPerVector = 1.7e-10;   // times (N D)^2
 constexpr double kSecondsPerVector2 = 1.2e-9;   // times N D k^2
 // One J^T J product of the basis: 1.1e-11 (N D)^2 s (N = 32: 0.5 s of the 1.84 s for k = 300).
 constexpr double kSecondsPerProduct = 1.1e-11;
-}  // namespace
 
-int DeflationVectorsThatFit(const AttentionLayer& L, int n, const CentreNormOptions& o, double extra_seconds) {
-  const double nd = double(n) * L.d_model;
-  const int asked = int(std::min<double>(o.deflation_vectors, nd));
-  if (asked <= 0 || o.deadline == std::chrono::steady_clock::time_point::max()) return std::max(asked, 0);
-  CentreNormOptions plain = o;
-  plain.deflation_vectors = 0;
-  const double left = std::chrono::duration<double>(o.deadline - std::chrono::steady_clock::now()).count();
-  // The largest k with kSecondsPerVector (N D)^2 k + kSecondsPerVector2 N D k^2 <= budget.
-  const double budget = left / 1.3 - kPlainShare * CentreNormSecondsEstimate(L, n, plain) - extra_seconds;
-  if (!(budget > 0)) return 0;
-  const double a = kSecondsPerVector * nd * nd, b = kSecondsPerVector2 * nd;
-  const double fits = 2 * budget / (a + std::sqrt(a * a + 4 * b * budget));
-  const int k = int(std::min<double>(asked, std::floor(fits)));
-  return k >= std::min(kMinDeflationVectors, asked) ? k : 0;
+// The Lanczos basis of k vectors on an idle machine: its reorthogonalisation and its k
+// J^T J products through the evaluator.
+double IdleBasisSeconds(double nd, int k) {
+  return kSecondsPerVector2 * nd * double(k) * k + kSecondsPerProduct * nd * nd * k;
 }
 
-int DeflationVectorsAfterBasis(const AttentionLayer& L, int n, const CentreNormOptions& o, int k, double basis_seconds,
-                               double extra_seconds) {
-  if (o.deadline == std::chrono::steady_clock::time_point::max() || k <= 0) return std::max(k, 0);
-  const double nd = double(n) * L.d_model;
-  // The basis at idle: its reorthogonalisation and its k J^T J products.
-  const double idle_basis = kSecondsPerVector2 * nd * double(k) * k + kSecondsPerProduct * nd * nd * k;
-  const double load = std::max(1.0, basis_seconds / idle_basis);
+// The plain super-blocks' share of the time (kPlainShare times their model).
+double PlainSuperBlockSeconds(const AttentionLayer& L, int n, const CentreNormOptions& o) {
   CentreNormOptions plain = o;
   plain.deflation_vectors = 0;
-  const double left = std::chrono::duration<double>(o.deadline - std::chrono::steady_clock::now()).count();
-  const double budget = left / (1.3 * load) - kPlainShare * CentreNormSecondsEstimate(L, n, plain) - extra_seconds;
+  return kPlainShare * CentreNormSecondsEstimate(L, n, plain);
+}
+
+double SecondsLeft(std::chrono::steady_clock::time_point deadline) {
+  return std::chrono::duration<double>(deadline - std::chrono::steady_clock::now()).count();
+}
+
+// After a basis of k vectors that took basis_seconds: how many of its columns the block
+// pass can take before o.deadline (0: fewer than min(32, k) or than half of k). k was sized
+// for an idle machine; the basis's own time against its idle model gives the slowdown.
+int DeflationVectorsAfterBasis(const AttentionLayer& L, int n, const CentreNormOptions& o, int k, double basis_seconds) {
+  if (o.deadline == std::chrono::steady_clock::time_point::max() || k <= 0) return std::max(k, 0);
+  const double nd = double(n) * L.d_model;
+  const double load = std::max(1.0, basis_seconds / IdleBasisSeconds(nd, k));
+  const double budget = SecondsLeft(o.deadline) / (1.3 * load) - PlainSuperBlockSeconds(L, n, o);
   if (!(budget > 0)) return 0;
   const int kept = int(std::min<double>(k, std::floor(budget / (kSecondsPerVector * nd * nd))));
   // Under 3x load (three runs on 2 cores) MiniLM N = 32 kept 56 and 131 of about 600
@@ -695,18 +692,27 @@ int DeflationVectorsAfterBasis(const AttentionLayer& L, int n, const CentreNormO
   return kept >= std::max(std::min(kMinDeflationVectors, k), (k + 1) / 2) ? kept : 0;
 }
 
-std::chrono::steady_clock::time_point BasisDeadline(std::chrono::steady_clock::time_point deadline, int tokens, int d,
-                                                    int k) {
+}  // namespace
+
+int DeflationVectorsThatFit(const AttentionLayer& L, int n, const CentreNormOptions& o, double extra_seconds) {
+  const double nd = double(n) * L.d_model;
+  const int asked = int(std::min<double>(o.deflation_vectors, nd));
+  if (asked <= 0 || o.deadline == std::chrono::steady_clock::time_point::max()) return std::max(asked, 0);
+  // The largest k with kSecondsPerVector (N D)^2 k + kSecondsPerVector2 N D k^2 <= budget.
+  const double budget = SecondsLeft(o.deadline) / 1.3 - PlainSuperBlockSeconds(L, n, o) - extra_seconds;
+  if (!(budget > 0)) return 0;
+  const double a = kSecondsPerVector * nd * nd, b = kSecondsPerVector2 * nd;
+  const double fits = 2 * budget / (a + std::sqrt(a * a + 4 * b * budget));
+  const int k = int(std::min<double>(asked, std::floor(fits)));
+  return k >= std::min(kMinDeflationVectors, asked) ? k : 0;
+}
+
+std::chrono::steady_clock::time_point BasisDeadline(std::chrono::steady_clock::time_point deadline, double cap_seconds) {
   if (deadline == std::chrono::steady_clock::time_point::max()) return deadline;
   const auto now = std::chrono::steady_clock::now();
   if (deadline <= now) return deadline;
-  // At most twice the basis's idle time: on a machine so loaded that it is cut there, the
-  // after-basis check leaves the rest of the window to the plain super-blocks.
-  const double nd = double(tokens) * d;
-  const double idle = kSecondsPerVector2 * nd * double(k) * k + kSecondsPerProduct * nd * nd * k;
-  // (0.5 s at least: small layers' bases are all set-up)
-  const auto cap =
-      std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(std::max(0.5, 2 * idle)));
+  const auto cap = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+      std::chrono::duration<double>(std::min(cap_seconds, 1e9)));
   return now + std::min<std::chrono::steady_clock::duration>((deadline - now) / 2, cap);
 }
 
@@ -925,20 +931,38 @@ IntervalMatrix CentreJacobianEnclosure(const AttentionLayer& L, const Eigen::Mat
   return AssembleBlock(S, 0, S.n, 0, S.n, o.threads);
 }
 
-UpperBound DeflatedCentreNormUpperBound(const AttentionLayer& L, const Eigen::MatrixXd& x0, const Eigen::MatrixXd& v,
-                                        const Eigen::MatrixXd& y, const CentreNormOptions& o, CentreNormReport* report) {
-  CheckInputs(L, x0, o);
+namespace {
+
+void CheckBasis(const Eigen::MatrixXd& x0, const Eigen::MatrixXd& v, const Eigen::MatrixXd& y) {
   const long nd = long(x0.rows()) * x0.cols();
   if (v.rows() != nd || y.rows() != nd || v.cols() != y.cols() || v.cols() < 1)
     throw std::invalid_argument("deflation: V and Y must both be (N D) x k with k >= 1");
-  const CentreState S = EncloseCentre(L, x0, o);
+}
+
+// The report of a deflated run before its pass: the method and the token groups.
+CentreNormReport DeflatedReport(const CentreNormOptions& o, int n, int d) {
   CentreNormReport rep;
-  const int g = GroupTokens(o, S.n, S.d);
+  const int g = GroupTokens(o, n, d);
   rep.method = "deflated_super_block";
-  rep.groups = (S.n + g - 1) / g;
+  rep.groups = (n + g - 1) / g;
   rep.group_tokens = g;
-  const BlockAssembler block = [&](int r0, int r1, int c0, int c1) { return AssembleBlock(S, r0, r1, c0, c1, o.threads); };
-  UpperBound bound = DeflatedSuperBlockBound(block, S.n, S.d, v, y, g, o, &rep);
+  rep.frobenius_blocks = long(g) * d > o.block_limit;
+  return rep;
+}
+
+BlockAssembler AssemblerOf(const CentreState& S, int threads) {
+  return [&S, threads](int r0, int r1, int c0, int c1) { return AssembleBlock(S, r0, r1, c0, c1, threads); };
+}
+
+}  // namespace
+
+UpperBound DeflatedCentreNormUpperBound(const AttentionLayer& L, const Eigen::MatrixXd& x0, const Eigen::MatrixXd& v,
+                                        const Eigen::MatrixXd& y, const CentreNormOptions& o, CentreNormReport* report) {
+  CheckInputs(L, x0, o);
+  CheckBasis(x0, v, y);
+  const CentreState S = EncloseCentre(L, x0, o);
+  CentreNormReport rep = DeflatedReport(o, S.n, S.d);
+  UpperBound bound = DeflatedSuperBlockBound(AssemblerOf(S, o.threads), S.n, S.d, v, y, rep.group_tokens, o, &rep);
   if (!std::isfinite(bound.value())) rep.timed_out = true;
   if (report) *report = rep;
   return bound;
@@ -952,9 +976,7 @@ UpperBound DeflatedPostLnCentreNormUpperBound(const AttentionLayer& mha, const E
   o.mha_only = true;
   CheckInputs(mha, x0, o);
   const int n = int(x0.rows()), d = int(x0.cols());
-  const long nd = long(n) * d;
-  if (v.rows() != nd || y.rows() != nd || v.cols() != y.cols() || v.cols() < 1)
-    throw std::invalid_argument("deflation: V and Y must both be (N D) x k with k >= 1");
+  CheckBasis(x0, v, y);
   if (long(left.size()) != n) throw std::invalid_argument("post-LN deflation: one J_LN enclosure per token");
   for (const IntervalMatrix& l : left)
     if (l.rows() != d || l.cols() != d) throw std::invalid_argument("post-LN deflation: J_LN enclosures must be D x D");
@@ -976,13 +998,8 @@ UpperBound DeflatedPostLnCentreNormUpperBound(const AttentionLayer& mha, const E
     });
     return out;
   };
-  CentreNormReport rep;
-  const int g = GroupTokens(o, n, d);
-  rep.method = "deflated_super_block";
-  rep.groups = (n + g - 1) / g;
-  rep.group_tokens = g;
-  rep.frobenius_blocks = long(g) * d > o.block_limit;
-  UpperBound bound = DeflatedSuperBlockBound(block, n, d, v, y, g, o, &rep);
+  CentreNormReport rep = DeflatedReport(o, n, d);
+  UpperBound bound = DeflatedSuperBlockBound(block, n, d, v, y, rep.group_tokens, o, &rep);
   if (!std::isfinite(bound.value())) rep.timed_out = true;
   if (mha_frobenius) *mha_frobenius = rep.timed_out ? UpperBound(kInf) : UpperBound(SqrtUp(mha_f2));
   rep.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -1008,24 +1025,22 @@ UpperBound CentreJacobianNormUpperBound(const AttentionLayer& L, const Eigen::Ma
     rep.assembly_seconds = SecondsSince(t_assembly);
     bound = NormL2UpperGram(j, o.threads, &rep.estimate, o.deadline, &rep.gram);
   } else if (const int k = L.layer_norm ? 0 : DeflationVectorsThatFit(L, n, o, 0.0); k > 0) {
-    const int g = GroupTokens(o, n, d);
-    rep.method = "deflated_super_block";
-    rep.groups = (n + g - 1) / g;
-    rep.group_tokens = g;
-    rep.frobenius_blocks = long(g) * d > o.block_limit;
+    rep = DeflatedReport(o, n, d);
     const auto t_basis = std::chrono::steady_clock::now();
     // The operator the enclosure describes: centre_norm never composes a post-LN.
-    const DeflationBasis basis = DeflationBasisOf(L.WithoutPostLayerNorm(), x0, k, o.threads, BasisDeadline(o.deadline, n, d, k));
+    // The basis gets at most twice its idle time (0.5 s at least: small layers' bases are
+    // all set-up); cut there, the machine is so loaded that the plain super-blocks run.
+    const double cap_s = std::max(0.5, 2 * IdleBasisSeconds(double(n) * d, k));
+    const DeflationBasis basis = DeflationBasisOf(L.WithoutPostLayerNorm(), x0, k, o.threads, BasisDeadline(o.deadline, cap_s));
     rep.deflation_basis_seconds = SecondsSince(t_basis);
     // k was sized for an idle machine; a loaded one shows in the basis's own time. Fewer
-    // columns of V and Y serve as well; with fewer than 32 the plain super-blocks run.
-    const int kept = int(basis.v.cols()) < k ? 0  // cut at twice its idle time: a loaded machine
-                                             : DeflationVectorsAfterBasis(L, n, o, k, rep.deflation_basis_seconds, 0.0);
+    // columns of V and Y serve as well; with fewer than half of them the plain super-blocks run.
+    const int kept = int(basis.v.cols()) < k ? 0 : DeflationVectorsAfterBasis(L, n, o, k, rep.deflation_basis_seconds);
     if (kept == 0) {
       bound = PlainSuperBlockBound(S, o, rep);
     } else {
-      const BlockAssembler block = [&](int r0, int r1, int c0, int c1) { return AssembleBlock(S, r0, r1, c0, c1, o.threads); };
-      bound = DeflatedSuperBlockBound(block, n, d, basis.v.leftCols(kept), basis.y.leftCols(kept), g, o, &rep);
+      bound = DeflatedSuperBlockBound(AssemblerOf(S, o.threads), n, d, basis.v.leftCols(kept), basis.y.leftCols(kept),
+                                      rep.group_tokens, o, &rep);
       if (!std::isfinite(bound.value())) rep.timed_out = true;
     }
   } else {

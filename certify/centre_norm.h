@@ -131,16 +131,10 @@ struct DeflationBasis {
 };
 DeflationBasis DeflationBasisOf(const AttentionLayer& layer, const Eigen::MatrixXd& x0, int k, int threads,
                                 std::chrono::steady_clock::time_point deadline);
-// After a basis of k vectors that took basis_seconds: how many of its columns the block
-// pass can take before opts.deadline (0: fewer than min(32, k) or than half of k). k was sized for an idle
-// machine; the basis's own time against its idle model gives the machine's slowdown.
-int DeflationVectorsAfterBasis(const AttentionLayer& layer, int tokens, const CentreNormOptions& opts, int k,
-                               double basis_seconds, double extra_seconds);
-// The deadline for a basis of k vectors at N = tokens inside a window ending at `deadline`:
-// half of the time left, and at most twice the basis's idle time, so that a basis cut short
-// still leaves the blocks (or the plain super-blocks) their time (max() stays max()).
-std::chrono::steady_clock::time_point BasisDeadline(std::chrono::steady_clock::time_point deadline, int tokens, int d,
-                                                    int k);
+// The deadline for a deflation basis inside a window ending at `deadline`: half of the time
+// left, and at most cap_seconds, so that a basis cut short still leaves the blocks (or the
+// plain super-blocks) their time (max() stays max()).
+std::chrono::steady_clock::time_point BasisDeadline(std::chrono::steady_clock::time_point deadline, double cap_seconds);
 
 // How many deflation vectors fit before opts.deadline (docs/engines.md, "Deflation"), with
 // `extra_seconds` of other work in the same window: opts.deflation_vectors (at most N D)

@@ -18,11 +18,10 @@
 namespace lipcert {
 
 namespace {
+
 using Clock = std::chrono::steady_clock;
 double SecondsSince(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
-}  // namespace
 
-namespace {
 // The post-LN's LayerNorm factors over a cover of Y: the pre-LN machinery (MhaInputOver) on a
 // layer whose pre-LN carries the post-LN's parameters. ell: sup ||J_LN||_p per token; ln_jac:
 // J_LN at the cover's centres; delta_ln: sup ||J_LN(y) - J_LN(yc)||_2 over each ball.
@@ -74,6 +73,10 @@ PostLayerNormBound ComposePostLayerNorm(const AttentionLayer& L, const TokenCove
 
 // Two (ND)^2 interval enclosures (4 (ND)^2 doubles) at N*D = 8192 are 2 GiB.
 constexpr int kPostLnDenseLimit = 8192;
+namespace {
+// Whether post_ln_centre encloses J_f densely at this N*D (else: deflated super-blocks).
+bool PostLnDense(long nd, long dense_limit) { return nd <= std::min<long>(kPostLnDenseLimit, dense_limit); }
+}  // namespace
 
 namespace {
 
@@ -104,11 +107,11 @@ EngineBound PostLnDeflatedCentreBound(const AttentionLayer& L, const Eigen::Matr
   const PostLayerNormBound y = ComposePostLayerNorm(L, cover, UpperBound(0), UpperBound(0), NormKind::kL2);
   if (!std::isfinite(y.upper.value())) return TimedOutBound(kName);
   const MhaInput lin = PostLnFactorsOver(L, y.y_cover, NormKind::kL2);
-  // All the columns the basis gets before its deadline: the block pass's certificates are
-  // anytime, and the alternative, the composition, is far looser. (Its products go through
-  // the model's own JVP and VJP, slower than the evaluator's, so the attention route's
-  // after-basis load check would misread them.)
-  const DeflationBasis basis = DeflationBasisOf(L, x0, k, opts.threads, BasisDeadline(opts.deadline, n, d, 4 * k));
+  // Half of the window for the basis, and all the columns it gets: the block pass's
+  // certificates are anytime, and the alternative, the composition, is far looser. (Its
+  // products go through the model's own JVP and VJP, slower than the evaluator's, which the
+  // attention route's idle-time cap and load check would misread.)
+  const DeflationBasis basis = DeflationBasisOf(L, x0, k, opts.threads, BasisDeadline(opts.deadline, kInf));
   CentreNormReport rep;
   UpperBound jm_frobenius(kInf);
   const UpperBound centre = DeflatedPostLnCentreNormUpperBound(mha, x0, lin.ln_jac, basis.v, basis.y, co, &rep, &jm_frobenius);
@@ -137,7 +140,7 @@ EngineBound PostLnCentreBound(const AttentionLayer& L, const Eigen::MatrixXd& x0
   point.center = x0;
   point.radius = 0;
   const TokenCover cover = CoverOf(point);
-  if (long(n) * d > std::min<long>(kPostLnDenseLimit, opts.dense_limit)) return PostLnDeflatedCentreBound(L, x0, cover, opts);
+  if (!PostLnDense(long(n) * d, opts.dense_limit)) return PostLnDeflatedCentreBound(L, x0, cover, opts);
   // J_MHA(X0), enclosed densely (the centre_norm engine's assembly, GEMMs for dot attention),
   // held transposed: the norm of (blockdiag(L_j) (I + J_MHA))^T = (I + J_MHA)^T blockdiag(L_j^T)
   // is the same, and so is the crude bound sqrt(||.||_1 ||.||_inf) of J_MHA.
@@ -242,9 +245,8 @@ Certificate CertifyPostLayerNorm(const AttentionLayer& L, const InputSet& set, c
   // once J_f(X0) is certified: the composed bound can only be looser). Over a set, MHA's
   // certificate runs first with half of the limit (its bound and its centre_norm variation
   // enter the variation of J_f below), then the centre until 85%.
-  const bool dense_centre = o.norm == NormKind::kL2 && !mha.layer_norm &&
-                            (long(set.center.size()) <= long(std::min(o.engines.dense_limit, kPostLnDenseLimit)) ||
-                             o.engines.deflation_vectors > 0);
+  const bool deflated_centre = !PostLnDense(long(set.center.size()), o.engines.dense_limit);
+  const bool dense_centre = o.norm == NormKind::kL2 && !mha.layer_norm && (!deflated_centre || o.engines.deflation_vectors > 0);
   const bool at_point = set.radius == 0;
   EngineResult dense{"post_ln_centre", UpperBound(kInf), 0, "", false, {}};
   const auto run_dense = [&](double until) {
@@ -261,7 +263,6 @@ Certificate CertifyPostLayerNorm(const AttentionLayer& L, const InputSet& set, c
     dense.note = e.timed_out ? (e.note.empty() ? "did not finish before its deadline" : e.note) : "";
     dense.seconds = SecondsSince(t0);
   };
-  const bool deflated_centre = long(set.center.size()) > long(std::min(o.engines.dense_limit, kPostLnDenseLimit));
   if (dense_centre && at_point) run_dense(deflated_centre ? 0.85 : 0.7);
   mo.time_limit_s = o.norm == NormKind::kL2 ? 0.8 * o.time_limit_s : 0.4 * o.time_limit_s;
   if (dense_centre && at_point)
