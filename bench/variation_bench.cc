@@ -45,6 +45,21 @@ int main(int argc, char** argv) {
     std::printf("N=%d D=%d H=%d R=%.6g variation=%.6g (%s)\n", int(set.center.rows()), L.d_model, L.heads, set.radius,
                 v.variation.value(), v.route);
     for (const BoundTerm& t : v.alternatives) std::printf("  %-70s %.6g\n", t.name.c_str(), t.value.value());
+    if (L.kind == AttentionKind::kDot) {
+      // The second-order candidate's coefficients at the centre alone (not a bound over the
+      // set): how much of it is the widening of the factor bounds over the cover.
+      const Eigen::VectorXd zero = Eigen::VectorXd::Zero(set.center.rows());
+      Eigen::VectorXd columns = Eigen::VectorXd::Zero(set.center.rows());
+      double cross = 0;
+      for (int h = 0; h < L.heads; ++h) {
+        const HeadGeometry G = HeadGeometryAt(L, h, v.in.zc, NormKind::kL2);
+        const SecondOrderHead so = SecondOrderHeadUp(G, HeadFactorBounds(G, zero, 0.0, L.causal), zero, L.causal);
+        columns += so.column_norms;
+        cross += so.cross;
+      }
+      std::printf("  %-70s %.6g\n", "second order with the centre's coefficients (radius x, not a bound)",
+                  set.radius * (columns.maxCoeff() + cross));
+    }
     // Heads apart, Wo factored out: ||sum_h (I x Wo_h) dK_h|| <= ||Wo|| sqrt(sum_h ||dK_h||^2).
     double sum2 = 0, sum_plain = 0;
     for (int h = 0; h < L.heads; ++h) {

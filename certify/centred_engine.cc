@@ -61,6 +61,11 @@ CentredVariation CentredVariationBound(const AttentionLayer& L, const TokenCover
   // Row sums of the block bounds of J(X) - J(X0) (columns scaled by ell), with the rows of
   // dP and P0 on the simplex (see SimplexWeightedSumUp).
   Eigen::VectorXd row_sum = Eigen::VectorXd::Zero(n);
+  // Second order (norm 2, dot heads): sup ||J_M(z) - J_M(zc)|| <= joint_z sup ||D^2 out||,
+  // and ||D^2 out[U, U]|| <= max_j sum_h ||column j of L_h|| + sum_h cross_h over the cover.
+  const bool second_order = p == NormKind::kL2 && L.kind == AttentionKind::kDot && std::isfinite(in.joint_z);
+  Eigen::VectorXd so_columns = Eigen::VectorXd::Zero(n);
+  double so_cross = 0;
   for (int h = 0; h < L.heads; ++h) {
     if (DeadlinePassed(opts)) return v;
     geo.push_back(HeadGeometryAt(L, h, in.zc, p));
@@ -68,6 +73,11 @@ CentredVariation CentredVariationBound(const AttentionLayer& L, const TokenCover
     const FactorBounds F = HeadFactorBounds(G, in.rho_z, in.joint_z, L.causal);
     centre.push_back(HeadFactorBounds(G, zero, 0.0, L.causal));
     const FactorBounds& F0 = centre.back();
+    if (second_order) {
+      const SecondOrderHead so = SecondOrderHeadUp(G, F, in.rho_z, L.causal);
+      for (int j = 0; j < n; ++j) so_columns(j) = AddUp(so_columns(j), so.column_norms(j));
+      so_cross = AddUp(so_cross, so.cross);
+    }
     // w_ij >= |P_ij(X) - P_ij(X0)|.
     Eigen::MatrixXd w(n, n);
     for (int i = 0; i < n; ++i)
@@ -132,8 +142,10 @@ CentredVariation CentredVariationBound(const AttentionLayer& L, const TokenCover
   const double logit_path = ScaledNonnegNormUp(rd, in.ell, PrimalNorm(p));
   const double split = AddUp(value_path, logit_path);
   const double joint = ScaledNonnegNormUp(all, in.ell, PrimalNorm(p));
-  const double variation = std::min({split, joint, schur});
-  v.route = variation == split ? "variation sup ||J(X) - J(X0)|| (value path + logit path)"
+  const double second = second_order ? MulUp(MulUp(in.joint_z, ell_max), AddUp(so_columns.maxCoeff(), so_cross)) : kInf;
+  const double variation = std::min({split, joint, schur, second});
+  v.route = variation == second ? "variation sup ||J(X) - J(X0)|| (second order: radius x sup ||D^2 f||)"
+            : variation == split ? "variation sup ||J(X) - J(X0)|| (value path + logit path)"
             : variation == joint ? "variation sup ||J(X) - J(X0)|| (joint block-bound norm)"
             : p == NormKind::kL2               ? "variation sup ||J(X) - J(X0)|| (row and column sums)"
                                                  : "variation sup ||J(X) - J(X0)|| (block-row sums)";
@@ -146,6 +158,7 @@ CentredVariation CentredVariationBound(const AttentionLayer& L, const TokenCover
       {p == NormKind::kL2 ? "variation, row and column sums" : "variation, block-row sums", UpperBound(schur)},
       {"LayerNorm factor max_j ell_j", UpperBound(ell_max)},
   };
+  if (second_order) v.alternatives.push_back({"variation, second order: radius x sup ||D^2 f||", UpperBound(second)});
   v.complete = true;
   return v;
 }

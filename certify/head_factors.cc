@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <stdexcept>
 #include <vector>
 
 #include "certify/layer_norm_cover.h"
@@ -306,6 +307,41 @@ RowSpread RowSpreadUp(const HeadGeometry& G, const FactorBounds& F, const Eigen:
     out.b2 = std::min(out.b2, SimplexWeightedSumUp(cap, sb, len));
   }
   if (!G.dot) out.b2 = MulUp(4.0, out.b2);
+  return out;
+}
+
+SecondOrderHead SecondOrderHeadUp(const HeadGeometry& G, const FactorBounds& F, const Eigen::VectorXd& rho,
+                                  bool causal) {
+  if (!G.dot) throw std::invalid_argument("SecondOrderHeadUp: dot heads only");
+  const int n = int(rho.size());
+  Eigen::MatrixXd l = Eigen::MatrixXd::Zero(n, n);
+  double cross = 0;
+  for (int i = 0; i < n; ++i) {
+    const int len = causal ? i + 1 : n;
+    const double beta = SqrtUp(RowSpreadUp(G, F, rho, i, len).b2);
+    const double a_max = F.a_sup.row(i).head(len).maxCoeff(), gamma = F.g_sup.row(i).head(len).maxCoeff();
+    // Var_i(y) <= sum_j P_ij y_j^2, and also <= 2 sum_j P_ij (1 - P_ij) y_j^2 (from
+    // Var = 1/2 sum_jk P_ij P_ik (y_j - y_k)^2); the row takes the smaller weights.
+    Eigen::VectorXd w_p = F.p_hi.row(i).head(len).transpose(), w_q(len);
+    for (int j = 0; j < len; ++j) w_q(j) = MulUp(2.0, MaxOfPTimesOneMinusP(F.p_lo(i, j), F.p_hi(i, j)));
+    const Eigen::VectorXd& w = w_q.sum() < w_p.sum() ? w_q : w_p;
+    const double a = AddUp(MulUp(MulUp(2.0, a_max), MulUp(beta, beta)), MulUp(G.w_norm, beta));
+    const double b = AddUp(AddUp(MulUp(MulUp(2.0, a_max), MulUp(gamma, gamma)), MulUp(G.w_norm, beta)),
+                           MulUp(MulUp(2.0, G.w_norm), gamma));
+    for (int j = 0; j < len; ++j) l(i, j) = MulUp(b, w(j));
+    l(i, i) = AddUp(l(i, i), a);
+    double pa2 = 0;
+    for (int j = 0; j < len; ++j) pa2 = AddUp(pa2, MulUp(F.pa(i, j), F.pa(i, j)));
+    cross = std::max(cross, SqrtUp(pa2));
+  }
+  SecondOrderHead out;
+  out.column_norms.resize(n);
+  for (int j = 0; j < n; ++j) {
+    double s = 0;
+    for (int i = 0; i < n; ++i) s = AddUp(s, MulUp(l(i, j), l(i, j)));
+    out.column_norms(j) = SqrtUp(s);
+  }
+  out.cross = MulUp(MulUp(2.0, G.c_b), cross);
   return out;
 }
 

@@ -2,6 +2,8 @@
 // applicability predicate and its cost estimate.
 #include <gtest/gtest.h>
 
+#include <Eigen/SVD>
+
 #include "certify/centred_engine.h"
 
 #include "tests/certify/engine_cases.h"
@@ -85,6 +87,53 @@ TEST(CentredEngineTest, CentreNormEngineIsExactAtTheCentreAndAddsItsTerms) {
   }
   EXPECT_EQ(checked, cases);
   EXPECT_GT(checked, 0);
+}
+
+// ||J(X) - J(X0)||_2 with both Jacobians formed in MPFR, the norm taken in double.
+double JacobianMotionMp(const AttentionLayer& L, const Eigen::MatrixXd& x, const Eigen::MatrixXd& x0) {
+  const MpMat dj = DenseJacobian<mpfr::mpreal>(L, ToMp(x)) - DenseJacobian<mpfr::mpreal>(L, ToMp(x0));
+  Eigen::MatrixXd d(dj.rows(), dj.cols());
+  for (Eigen::Index r = 0; r < dj.rows(); ++r)
+    for (Eigen::Index c = 0; c < dj.cols(); ++c) d(r, c) = dj(r, c).toDouble();
+  return Eigen::JacobiSVD<Eigen::MatrixXd>(d).singularValues()(0);
+}
+
+// The second-order variation candidate (radius x sup ||D^2 f||, dot layers, norm 2) stays
+// above ||J(X) - J(X0)|| in MPFR at points of the set, sharp softmax rows included (query
+// and key weights scaled up to 4x), and it wins over the block bounds on some cases.
+TEST(CentredEngineTest, SecondOrderVariationDominatesTheJacobianMotion) {
+  mpfr::mpreal::set_default_prec(256);
+  std::mt19937_64 rng(83);
+  const int cases = int(80 * TestScale());
+  int points = 0, won = 0, within_10x = 0;
+  for (int t = 0; t < cases; ++t) {
+    Case c = RandomCase(rng);
+    c.layer.kind = AttentionKind::kDot;  // (an l2 draw becomes a dot layer with tied query and key)
+    c.layer.layer_norm.reset();
+    const double sharp = 1.0 + 3.0 * std::uniform_real_distribution<double>(0.0, 1.0)(rng);
+    c.layer.wq *= sharp;
+    c.layer.wk *= sharp;
+    const CentredVariation v = CentredVariationBound(c.layer, CoverOf(c.set), BoundOptions{});
+    ASSERT_TRUE(v.complete);
+    double second = -1;
+    for (const BoundTerm& term : v.alternatives)
+      if (term.name.find("second order") != std::string::npos) second = term.value.value();
+    ASSERT_GE(second, 0.0) << "case " << t << ": no second-order candidate";
+    ASSERT_TRUE(std::isfinite(second)) << "case " << t;
+    won += v.variation.value() == second;
+    double best = 0;
+    for (int s = 0; s < 6; ++s) {
+      const Eigen::MatrixXd x = SamplePoint(rng, c.set, s % 3 != 2);
+      const double motion = JacobianMotionMp(c.layer, x, c.set.center);
+      EXPECT_LE(motion * (1 - 1e-12), second) << "case " << t << " sample " << s;
+      best = std::max(best, motion);
+      ++points;
+    }
+    within_10x += best * 10 >= second;
+  }
+  EXPECT_EQ(points, 6 * cases);
+  EXPECT_GT(won, 0);
+  EXPECT_GT(within_10x, 0);
 }
 
 // Given a bound in hand that its variation alone reaches, the centre_norm engine gives up
