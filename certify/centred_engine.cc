@@ -10,6 +10,7 @@
 #include "certify/head_factors.h"
 #include "certify/layer_norm_cover.h"
 #include "interval/norms.h"
+#include "interval/parallel.h"
 #include "interval/vector_norms.h"
 
 namespace lipcert {
@@ -20,15 +21,19 @@ constexpr const char* kEngine = "centred";
 // sup ||D^2 out[U, U]|| over unit U and the z-cover scaled by s about zc (norm 2, dot heads):
 // max_j sum_h ||column j of L_h|| + sum_h cross_h (SecondOrderHeadUp). With F given, the
 // heads' factor bounds over the full cover (s = 1).
-double SecondOrderSupUp(const std::vector<HeadGeometry>& geo, const MhaInput& in, bool causal, double s,
+double SecondOrderSupUp(const std::vector<HeadGeometry>& geo, const MhaInput& in, bool causal, double s, int threads,
                         const std::vector<FactorBounds>* full = nullptr) {
   Eigen::VectorXd rho = in.rho_z;
   for (Eigen::Index j = 0; j < rho.size(); ++j) rho(j) = MulUp(rho(j), s);
+  const int heads = int(geo.size());
+  std::vector<SecondOrderHead> per_head(heads);
+  ParallelFor(heads, WorkerCount(threads, heads), [&](int h, int) {
+    const FactorBounds F = full ? (*full)[h] : HeadFactorBounds(geo[h], rho, MulUp(in.joint_z, s), causal);
+    per_head[h] = SecondOrderHeadUp(geo[h], F, rho, causal);
+  });
   Eigen::VectorXd columns = Eigen::VectorXd::Zero(rho.size());
   double cross = 0;
-  for (size_t h = 0; h < geo.size(); ++h) {
-    const FactorBounds F = full ? (*full)[h] : HeadFactorBounds(geo[h], rho, MulUp(in.joint_z, s), causal);
-    const SecondOrderHead so = SecondOrderHeadUp(geo[h], F, rho, causal);
+  for (const SecondOrderHead& so : per_head) {
     for (Eigen::Index j = 0; j < columns.size(); ++j) columns(j) = AddUp(columns(j), so.column_norms(j));
     cross = AddUp(cross, so.cross);
   }
@@ -40,19 +45,20 @@ double SecondOrderSupUp(const std::vector<HeadGeometry>& geo, const MhaInput& in
 // point at s lies in the cover scaled by s. So with nodes 0 < s_1 < ... < s_K = 1,
 //   sup ||J_M(z) - J_M(zc)|| <= joint_z sum_k (s_k - s_{k-1}) T(s_k),
 // T(s) = SecondOrderSupUp at s. T(1) comes from the caller; the nodes 1/2, 1/4, 3/4, then the
-// odd eighths are added
-// while each costs at most a tenth of the time left (any set of nodes gives a bound).
+// odd eighths are added while they fit in a tenth of the time left (the rest is the centre
+// norm's); any set of nodes gives a bound.
 double SecondOrderVariationUp(const std::vector<HeadGeometry>& geo, const MhaInput& in, bool causal, double t_one,
                               const BoundOptions& opts) {
   std::vector<std::pair<double, double>> nodes = {{1.0, t_one}};  // (s, T(s))
+  const bool timed = opts.deadline != std::chrono::steady_clock::time_point::max();
+  const auto start = std::chrono::steady_clock::now();
+  const auto budget_end = timed ? start + (opts.deadline - start) / 10 : opts.deadline;
+  auto last = std::chrono::steady_clock::duration::zero();
   for (const double s : {0.5, 0.25, 0.75, 0.125, 0.375, 0.625, 0.875}) {
     const auto t0 = std::chrono::steady_clock::now();
-    if (DeadlinePassed(opts)) break;
-    nodes.push_back({s, SecondOrderSupUp(geo, in, causal, s)});
-    if (opts.deadline != std::chrono::steady_clock::time_point::max()) {
-      const auto now = std::chrono::steady_clock::now();
-      if ((now - t0) * 10 > opts.deadline - now) break;
-    }
+    if (timed && t0 + last > budget_end) break;
+    nodes.push_back({s, SecondOrderSupUp(geo, in, causal, s, opts.threads)});
+    last = std::chrono::steady_clock::now() - t0;
   }
   std::sort(nodes.begin(), nodes.end());
   double sum = 0, prev = 0;
@@ -186,7 +192,7 @@ CentredVariation CentredVariationBound(const AttentionLayer& L, const TokenCover
   const double joint = ScaledNonnegNormUp(all, in.ell, PrimalNorm(p));
   const double second =
       second_order ? MulUp(ell_max, SecondOrderVariationUp(geo, in, L.causal,
-                                                           SecondOrderSupUp(geo, in, L.causal, 1.0, &over_cover), opts))
+                                                           SecondOrderSupUp(geo, in, L.causal, 1.0, opts.threads, &over_cover), opts))
                    : kInf;
   const double variation = std::min({split, joint, schur, second});
   v.route = variation == second ? "variation sup ||J(X) - J(X0)|| (second order: radius x sup ||D^2 f||)"
