@@ -310,6 +310,12 @@ RowSpread RowSpreadUp(const HeadGeometry& G, const FactorBounds& F, const Eigen:
   return out;
 }
 
+// max of P (1 - 2P)^+ over lo <= P <= hi (rounded up; its peak is 1/8 at P = 1/4).
+static double MaxOfPTimesOneMinusTwoP(double lo, double hi) {
+  const double x = std::clamp(0.25, lo, hi);
+  return x >= 0.5 ? 0.0 : MulUp(x, SubUp(1.0, MulDown(2.0, x)));
+}
+
 SecondOrderHead SecondOrderHeadUp(const HeadGeometry& G, const FactorBounds& F, const Eigen::VectorXd& rho,
                                   bool causal) {
   if (!G.dot) throw std::invalid_argument("SecondOrderHeadUp: dot heads only");
@@ -318,18 +324,56 @@ SecondOrderHead SecondOrderHeadUp(const HeadGeometry& G, const FactorBounds& F, 
   double cross = 0;
   for (int i = 0; i < n; ++i) {
     const int len = causal ? i + 1 : n;
+    const Eigen::VectorXd cap = F.p_hi.row(i).head(len).transpose(), a = F.a_sup.row(i).head(len).transpose();
     const double beta = SqrtUp(RowSpreadUp(G, F, rho, i, len).b2);
-    const double a_max = F.a_sup.row(i).head(len).maxCoeff(), gamma = F.g_sup.row(i).head(len).maxCoeff();
+    const double a_max = a.maxCoeff(), gamma = F.g_sup.row(i).head(len).maxCoeff(), gamma2 = MulUp(gamma, gamma);
+    // a_bar >= sum_j P_ij ||a_ij||, ab2 >= sum_j P_ij ||a_ij|| ||b_ij||^2.
+    Eigen::VectorXd ab(len);
+    for (int j = 0; j < len; ++j) ab(j) = MulUp(a(j), MulUp(F.b_sup(i, j), F.b_sup(i, j)));
+    const double a_bar = SimplexWeightedSumUp(cap, a, len);
+    const double ab2 = std::min(SimplexWeightedSumUp(cap, ab, len), MulUp(a_max, MulUp(beta, beta)));
     // Var_i(y) <= sum_j P_ij y_j^2, and also <= 2 sum_j P_ij (1 - P_ij) y_j^2 (from
     // Var = 1/2 sum_jk P_ij P_ik (y_j - y_k)^2); the row takes the smaller weights.
-    Eigen::VectorXd w_p = F.p_hi.row(i).head(len).transpose(), w_q(len);
+    Eigen::VectorXd w_p = cap, w_q(len);
     for (int j = 0; j < len; ++j) w_q(j) = MulUp(2.0, MaxOfPTimesOneMinusP(F.p_lo(i, j), F.p_hi(i, j)));
     const Eigen::VectorXd& w = w_q.sum() < w_p.sum() ? w_q : w_p;
-    const double a = AddUp(MulUp(MulUp(2.0, a_max), MulUp(beta, beta)), MulUp(G.w_norm, beta));
-    const double b = AddUp(AddUp(MulUp(MulUp(2.0, a_max), MulUp(gamma, gamma)), MulUp(G.w_norm, beta)),
-                           MulUp(MulUp(2.0, G.w_norm), gamma));
-    for (int j = 0; j < len; ++j) l(i, j) = MulUp(b, w(j));
-    l(i, i) = AddUp(l(i, i), a);
+    // T1's key part, signed: sum_j P_j a_j (y_j - ybar)^2 <= sum_k P_k (2 ||a_k|| (1 - 2P_k)^+ + a_bar) y_k^2;
+    // unsigned (for the cross term): sum_j P_j ||a_j|| (y_j - ybar)^2 <= sum_k P_k (2 ||a_k|| + 2 a_bar) y_k^2,
+    // or A_i Var_i(y) <= A_i sum_k W_k y_k^2, whichever the row finds smaller.
+    Eigen::VectorXd signed_k(len), unsigned_1(len), unsigned_2(len);
+    for (int k = 0; k < len; ++k) {
+      signed_k(k) = AddUp(MulUp(MulUp(2.0, a(k)), MaxOfPTimesOneMinusTwoP(F.p_lo(i, k), F.p_hi(i, k))), MulUp(cap(k), a_bar));
+      unsigned_1(k) = MulUp(cap(k), MulUp(2.0, AddUp(a(k), a_bar)));
+      unsigned_2(k) = MulUp(a_max, w(k));
+    }
+    const Eigen::VectorXd& unsigned_k = unsigned_1.sum() < unsigned_2.sum() ? unsigned_1 : unsigned_2;
+    // T2: 2 ||W_h|| sqrt(Var) sqrt(sum_k W_k t_k), sqrt(Var) <= beta sqrt(t_i) + gamma sqrt(W t).
+    const double t2_diag = MulUp(G.w_norm, beta);
+    const double t2_off = AddUp(MulUp(G.w_norm, beta), MulUp(MulUp(2.0, G.w_norm), gamma));
+    // Row i of L, from one of two bounds on T1 (the row keeps the one with the smaller sum of
+    // squares, its weight in the column norms):
+    //  - split: sum_j P_j a_j delta_j^2 with delta = delta_q + delta_k (query and key motion),
+    //    (1 + theta) ab2 t_i + gamma^2 sum_k (signed_k + unsigned_k / theta) t_k;
+    //  - whole: A_i Var_i(ds) <= 2 A_i beta^2 t_i + 2 A_i gamma^2 sum_k W_k t_k.
+    Eigen::VectorXd best;
+    double best_ss = kInf;
+    for (const double theta : {-1.0, 0.5, 1.0, 2.0, 4.0}) {  // -1: the whole bound
+      Eigen::VectorXd row(len);
+      double diag;
+      if (theta < 0) {
+        const double t1 = MulUp(MulUp(2.0, a_max), gamma2);
+        for (int k = 0; k < len; ++k) row(k) = MulUp(AddUp(t1, t2_off), w(k));
+        diag = MulUp(MulUp(2.0, a_max), MulUp(beta, beta));
+      } else {
+        for (int k = 0; k < len; ++k)
+          row(k) = AddUp(MulUp(gamma2, AddUp(signed_k(k), DivUp(unsigned_k(k), theta))), MulUp(t2_off, w(k)));
+        diag = MulUp(1.0 + theta, ab2);
+      }
+      row(i) = AddUp(row(i), AddUp(diag, t2_diag));
+      const double ss = row.squaredNorm();
+      if (ss < best_ss) best_ss = ss, best = row;
+    }
+    l.row(i).head(len) = best.transpose();
     double pa2 = 0;
     for (int j = 0; j < len; ++j) pa2 = AddUp(pa2, MulUp(F.pa(i, j), F.pa(i, j)));
     cross = std::max(cross, SqrtUp(pa2));
