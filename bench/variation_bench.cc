@@ -45,7 +45,7 @@ int main(int argc, char** argv) {
     std::printf("N=%d D=%d H=%d R=%.6g variation=%.6g (%s)\n", int(set.center.rows()), L.d_model, L.heads, set.radius,
                 v.variation.value(), v.route);
     for (const BoundTerm& t : v.alternatives) std::printf("  %-70s %.6g\n", t.name.c_str(), t.value.value());
-    if (L.kind == AttentionKind::kDot) {
+    {
       // The second-order candidate's coefficients at the centre alone (not a bound over the
       // set): how much of it is the widening of the factor bounds over the cover.
       const Eigen::VectorXd zero = Eigen::VectorXd::Zero(set.center.rows());

@@ -318,7 +318,6 @@ static double MaxOfPTimesOneMinusTwoP(double lo, double hi) {
 
 SecondOrderHead SecondOrderHeadUp(const HeadGeometry& G, const FactorBounds& F, const Eigen::VectorXd& rho,
                                   bool causal) {
-  if (!G.dot) throw std::invalid_argument("SecondOrderHeadUp: dot heads only");
   const int n = int(rho.size());
   Eigen::MatrixXd l = Eigen::MatrixXd::Zero(n, n);
   double cross = 0;
@@ -326,7 +325,11 @@ SecondOrderHead SecondOrderHeadUp(const HeadGeometry& G, const FactorBounds& F, 
     const int len = causal ? i + 1 : n;
     const Eigen::VectorXd cap = F.p_hi.row(i).head(len).transpose(), a = F.a_sup.row(i).head(len).transpose();
     const double beta = SqrtUp(RowSpreadUp(G, F, rho, i, len).b2);
-    const double a_max = a.maxCoeff(), gamma = F.g_sup.row(i).head(len).maxCoeff(), gamma2 = MulUp(gamma, gamma);
+    const double a_max = a.maxCoeff();
+    // The keys' logit motion y_k = g_ik . U_k: |y_k| <= gamma_k sqrt(t_k) (dot: g_ik = g_i).
+    Eigen::VectorXd gamma2(len);
+    for (int k = 0; k < len; ++k) gamma2(k) = MulUp(F.g_sup(i, k), F.g_sup(i, k));
+    const double gamma_max = F.g_sup.row(i).head(len).maxCoeff();
     // a_bar >= sum_j P_ij ||a_ij||, ab2 >= sum_j P_ij ||a_ij|| ||b_ij||^2.
     Eigen::VectorXd ab(len);
     for (int j = 0; j < len; ++j) ab(j) = MulUp(a(j), MulUp(F.b_sup(i, j), F.b_sup(i, j)));
@@ -347,36 +350,53 @@ SecondOrderHead SecondOrderHeadUp(const HeadGeometry& G, const FactorBounds& F, 
       unsigned_2(k) = MulUp(a_max, w(k));
     }
     const Eigen::VectorXd& unsigned_k = unsigned_1.sum() < unsigned_2.sum() ? unsigned_1 : unsigned_2;
-    // T2: 2 ||W_h|| sqrt(Var) sqrt(sum_k W_k t_k), sqrt(Var) <= beta sqrt(t_i) + gamma sqrt(W t).
+    // T2 <= 2 ||W_h|| sqrt(Var) sqrt(sum_k W_k t_k) with sqrt(Var) <= beta sqrt(t_i) + sqrt(sum_k W_k gamma_k^2 t_k):
+    // <= ||W_h|| beta (t_i + W t) + ||W_h|| sum_k W_k (gamma_k^2 / gamma_max + gamma_max) t_k.
     const double t2_diag = MulUp(G.w_norm, beta);
-    const double t2_off = AddUp(MulUp(G.w_norm, beta), MulUp(MulUp(2.0, G.w_norm), gamma));
+    Eigen::VectorXd t2_off(len);
+    for (int k = 0; k < len; ++k) {
+      const double g_part = gamma_max > 0 ? AddUp(DivUp(gamma2(k), gamma_max), gamma_max) : 0.0;
+      t2_off(k) = MulUp(MulUp(G.w_norm, AddUp(beta, g_part)), w(k));
+    }
+    // T3 = sum_j P_ij a_ij e_ij with e_ij the logits' second derivative. Dot: 2 U_i^T Wq^T Wk U_j / sqrt(dk),
+    // a cross term below. L2: -2 ||Wq (U_i - U_j)||^2 / sqrt(dk), |e_ij| <= 4 c_g (t_i + t_j), linear in t.
+    Eigen::VectorXd t3_row = Eigen::VectorXd::Zero(len);
+    if (!G.dot) {
+      double pa_sum = 0;
+      for (int j = 0; j < len; ++j) {
+        t3_row(j) = MulUp(MulUp(4.0, G.c_g), F.pa(i, j));
+        pa_sum = AddUp(pa_sum, F.pa(i, j));
+      }
+      t3_row(i) = AddUp(t3_row(i), MulUp(MulUp(4.0, G.c_g), pa_sum));
+    }
     // Row i of L, from one of two bounds on T1 (the row keeps the one with the smaller sum of
     // squares, its weight in the column norms):
     //  - split: sum_j P_j a_j delta_j^2 with delta = delta_q + delta_k (query and key motion),
-    //    (1 + theta) ab2 t_i + gamma^2 sum_k (signed_k + unsigned_k / theta) t_k;
-    //  - whole: A_i Var_i(ds) <= 2 A_i beta^2 t_i + 2 A_i gamma^2 sum_k W_k t_k.
+    //    (1 + theta) ab2 t_i + sum_k gamma_k^2 (signed_k + unsigned_k / theta) t_k;
+    //  - whole: A_i Var_i(ds) <= 2 A_i beta^2 t_i + 2 A_i sum_k W_k gamma_k^2 t_k.
     Eigen::VectorXd best;
     double best_ss = kInf;
     for (const double theta : {-1.0, 0.5, 1.0, 2.0, 4.0}) {  // -1: the whole bound
       Eigen::VectorXd row(len);
       double diag;
       if (theta < 0) {
-        const double t1 = MulUp(MulUp(2.0, a_max), gamma2);
-        for (int k = 0; k < len; ++k) row(k) = MulUp(AddUp(t1, t2_off), w(k));
+        for (int k = 0; k < len; ++k) row(k) = MulUp(MulUp(2.0, a_max), MulUp(gamma2(k), w(k)));
         diag = MulUp(MulUp(2.0, a_max), MulUp(beta, beta));
       } else {
-        for (int k = 0; k < len; ++k)
-          row(k) = AddUp(MulUp(gamma2, AddUp(signed_k(k), DivUp(unsigned_k(k), theta))), MulUp(t2_off, w(k)));
+        for (int k = 0; k < len; ++k) row(k) = MulUp(gamma2(k), AddUp(signed_k(k), DivUp(unsigned_k(k), theta)));
         diag = MulUp(1.0 + theta, ab2);
       }
+      for (int k = 0; k < len; ++k) row(k) = AddUp(AddUp(row(k), t2_off(k)), t3_row(k));
       row(i) = AddUp(row(i), AddUp(diag, t2_diag));
       const double ss = row.squaredNorm();
       if (ss < best_ss) best_ss = ss, best = row;
     }
     l.row(i).head(len) = best.transpose();
-    double pa2 = 0;
-    for (int j = 0; j < len; ++j) pa2 = AddUp(pa2, MulUp(F.pa(i, j), F.pa(i, j)));
-    cross = std::max(cross, SqrtUp(pa2));
+    if (G.dot) {
+      double pa2 = 0;
+      for (int j = 0; j < len; ++j) pa2 = AddUp(pa2, MulUp(F.pa(i, j), F.pa(i, j)));
+      cross = std::max(cross, SqrtUp(pa2));
+    }
   }
   SecondOrderHead out;
   out.column_norms.resize(n);
@@ -385,7 +405,9 @@ SecondOrderHead SecondOrderHeadUp(const HeadGeometry& G, const FactorBounds& F, 
     for (int i = 0; i < n; ++i) s = AddUp(s, MulUp(l(i, j), l(i, j)));
     out.column_norms(j) = SqrtUp(s);
   }
-  out.cross = MulUp(MulUp(2.0, G.c_b), cross);
+  // Dot: ||T3_i|| <= 2 c_b sqrt(t_i) sum_j pa_ij sqrt(t_j), whose norm over i is at most
+  // 2 c_b max_i ||row i of pa||_2.
+  out.cross = G.dot ? MulUp(MulUp(2.0, G.c_b), cross) : 0.0;
   return out;
 }
 

@@ -89,15 +89,15 @@ struct RowSpread {
 };
 RowSpread RowSpreadUp(const HeadGeometry& G, const FactorBounds& F, const Eigen::VectorXd& rho, int i, int len);
 
-// Norm 2, dot heads only: the second derivative of head G's output over the cover
-// (docs/engines.md, "Second-order variation"). For every point of the cover and every
-// direction U of the MHA input with ||U||_F = 1 and t_j = ||U_j||^2 (t on the simplex),
-//   ||d^2/ds^2 out_h(Z + s U)||_2 <= ||L t||_2 + cross,   L = diag(a) + diag(b) W >= 0,
-// with, per row i (A_i >= sup_j ||a_ij||, beta_i^2 >= sum_k P_ik ||b_ik||^2 (RowSpreadUp),
-// gamma_i >= ||g_i||, w = ||W_h||, W_ij >= P_ij or 2 P_ij (1 - P_ij), one choice per row):
-//   a_i = 2 A_i beta_i^2 + w beta_i,   b_i = 2 A_i gamma_i^2 + w beta_i + 2 w gamma_i,
-//   cross = 2 c_b max_i ||row i of pa||_2.
-// ||L t|| is convex in t, so its sup over the simplex is the largest column norm of L.
+// Norm 2: the second derivative of head G's output over the cover (docs/engines.md,
+// "Second-order variation"). For every point of the cover and every direction U of the MHA
+// input with ||U||_F = 1 and t_j = ||U_j||^2 (t on the simplex),
+//   ||d^2/ds^2 out_h(Z + s U)||_2 <= ||L t||_2 + cross,   L >= 0 (N x N),
+// row i of L from the terms of d^2 out_i = T1 (P'' through the logits' motion squared) + T2
+// (P' times the values' motion) + T3 (P'' through the logits' second derivative), bounded by
+// the factor bounds F (spreads, ||a_ij||, ||g_ij||, P ranges). Dot heads put T3 in `cross`,
+// l2 heads in L. ||L t|| is convex in t, so its sup over the simplex is the largest column
+// norm of L.
 struct SecondOrderHead {
   Eigen::VectorXd column_norms;  // >= ||column j of L||_2
   double cross = kInf;

@@ -98,21 +98,21 @@ double JacobianMotionMp(const AttentionLayer& L, const Eigen::MatrixXd& x, const
   return Eigen::JacobiSVD<Eigen::MatrixXd>(d).singularValues()(0);
 }
 
-// The second-order variation candidate (radius x sup ||D^2 f||, dot layers, norm 2) stays
-// above ||J(X) - J(X0)|| in MPFR at points of the set, sharp softmax rows included (query
-// and key weights scaled up to 4x), and it wins over the block bounds on some cases.
+// The second-order variation candidate (radius x sup ||D^2 f||, norm 2, dot and l2 layers)
+// stays above ||J(X) - J(X0)|| in MPFR at points of the set, sharp softmax rows included
+// (query and key weights scaled up to 4x), and it wins over the block bounds on some cases.
 TEST(CentredEngineTest, SecondOrderVariationDominatesTheJacobianMotion) {
   mpfr::mpreal::set_default_prec(256);
   std::mt19937_64 rng(83);
   const int cases = int(80 * TestScale());
-  int points = 0, won = 0, within_10x = 0;
+  int points = 0, won = 0, within_10x = 0, dot = 0, l2 = 0;
   for (int t = 0; t < cases; ++t) {
     Case c = RandomCase(rng);
-    c.layer.kind = AttentionKind::kDot;  // (an l2 draw becomes a dot layer with tied query and key)
     c.layer.layer_norm.reset();
     const double sharp = 1.0 + 3.0 * std::uniform_real_distribution<double>(0.0, 1.0)(rng);
     c.layer.wq *= sharp;
-    c.layer.wk *= sharp;
+    c.layer.wk *= sharp;  // (l2: wk == wq)
+    (c.layer.kind == AttentionKind::kDot ? dot : l2) += 1;
     const CentredVariation v = CentredVariationBound(c.layer, CoverOf(c.set), BoundOptions{});
     ASSERT_TRUE(v.complete);
     double second = -1;
@@ -134,6 +134,8 @@ TEST(CentredEngineTest, SecondOrderVariationDominatesTheJacobianMotion) {
   EXPECT_EQ(points, 6 * cases);
   EXPECT_GT(won, 0);
   EXPECT_GT(within_10x, 0);
+  EXPECT_GT(dot, 0);
+  EXPECT_GT(l2, 0);
 }
 
 // Given a bound in hand that its variation alone reaches, the centre_norm engine gives up
