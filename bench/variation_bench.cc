@@ -57,7 +57,7 @@ int main(int argc, char** argv) {
         columns += so.column_norms;
         cross += so.cross;
       }
-      std::printf("  %-70s %.6g\n", "second order with the centre's coefficients (radius x, not a bound)",
+      std::printf("  %-70s %.6g\n", "second order, centre's coefficients, one pass (radius x, not a bound)",
                   set.radius * (columns.maxCoeff() + cross));
     }
     // Heads apart, Wo factored out: ||sum_h (I x Wo_h) dK_h|| <= ||Wo|| sqrt(sum_h ||dK_h||^2).

@@ -317,7 +317,7 @@ static double MaxOfPTimesOneMinusTwoP(double lo, double hi) {
 }
 
 SecondOrderHead SecondOrderHeadUp(const HeadGeometry& G, const FactorBounds& F, const Eigen::VectorXd& rho,
-                                  bool causal) {
+                                  bool causal, const Eigen::VectorXd& column_weight) {
   const int n = int(rho.size());
   Eigen::MatrixXd l = Eigen::MatrixXd::Zero(n, n);
   double cross = 0;
@@ -369,8 +369,8 @@ SecondOrderHead SecondOrderHeadUp(const HeadGeometry& G, const FactorBounds& F, 
       }
       t3_row(i) = AddUp(t3_row(i), MulUp(MulUp(4.0, G.c_g), pa_sum));
     }
-    // Row i of L, from one of two bounds on T1 (the row keeps the one with the smaller sum of
-    // squares, its weight in the column norms):
+    // Row i of L, from one of two bounds on T1 (the row keeps the one with the smaller weighted
+    // sum of squares, its weight in the column norms):
     //  - split: sum_j P_j a_j delta_j^2 with delta = delta_q + delta_k (query and key motion),
     //    (1 + theta) ab2 t_i + sum_k gamma_k^2 (signed_k + unsigned_k / theta) t_k;
     //  - whole: A_i Var_i(ds) <= 2 A_i beta^2 t_i + 2 A_i sum_k W_k gamma_k^2 t_k.
@@ -388,8 +388,9 @@ SecondOrderHead SecondOrderHeadUp(const HeadGeometry& G, const FactorBounds& F, 
       }
       for (int k = 0; k < len; ++k) row(k) = AddUp(AddUp(row(k), t2_off(k)), t3_row(k));
       row(i) = AddUp(row(i), AddUp(diag, t2_diag));
-      const double ss = row.squaredNorm();
-      if (ss < best_ss) best_ss = ss, best = row;
+      const double ss =
+          column_weight.size() ? row.cwiseAbs2().dot(column_weight.head(len)) : row.squaredNorm();
+      if (best.size() == 0 || ss < best_ss) best_ss = ss, best = row;  // (an infinite row is kept as such)
     }
     l.row(i).head(len) = best.transpose();
     if (G.dot) {

@@ -102,8 +102,10 @@ struct SecondOrderHead {
   Eigen::VectorXd column_norms;  // >= ||column j of L||_2
   double cross = kInf;
 };
+// Each row of L has several valid forms; a row keeps the one with the least
+// sum_k column_weight_k L_ik^2 (its weight in the column norms; empty: all weights 1).
 SecondOrderHead SecondOrderHeadUp(const HeadGeometry& G, const FactorBounds& F, const Eigen::VectorXd& rho,
-                                  bool causal);
+                                  bool causal, const Eigen::VectorXd& column_weight = Eigen::VectorXd());
 
 // >= ||P||_p for every attention matrix P below p_hi (rows on the simplex).
 double ProbabilityNormUp(const Eigen::MatrixXd& p_hi, NormKind p);
