@@ -49,16 +49,13 @@ int main(int argc, char** argv) {
       // The second-order candidate's coefficients at the centre alone (not a bound over the
       // set): how much of it is the widening of the factor bounds over the cover.
       const Eigen::VectorXd zero = Eigen::VectorXd::Zero(set.center.rows());
-      Eigen::VectorXd columns = Eigen::VectorXd::Zero(set.center.rows());
-      double cross = 0;
+      std::vector<SecondOrderHead> heads;
       for (int h = 0; h < L.heads; ++h) {
         const HeadGeometry G = HeadGeometryAt(L, h, v.in.zc, NormKind::kL2);
-        const SecondOrderHead so = SecondOrderHeadUp(G, HeadFactorBounds(G, zero, 0.0, L.causal), zero, L.causal);
-        columns += so.column_norms;
-        cross += so.cross;
+        heads.push_back(SecondOrderHeadUp(G, HeadFactorBounds(G, zero, 0.0, L.causal), zero, L.causal));
       }
-      std::printf("  %-70s %.6g\n", "second order, centre's coefficients, one pass (radius x, not a bound)",
-                  set.radius * (columns.maxCoeff() + cross));
+      std::printf("  %-70s %.6g\n", "second order with the centre's coefficients (radius x, not a bound)",
+                  set.radius * SecondOrderColumnsUp(heads));
     }
     // Heads apart, Wo factored out: ||sum_h (I x Wo_h) dK_h|| <= ||Wo|| sqrt(sum_h ||dK_h||^2).
     double sum2 = 0, sum_plain = 0;

@@ -26,29 +26,15 @@ double SecondOrderSupUp(const std::vector<HeadGeometry>& geo, const MhaInput& in
   Eigen::VectorXd rho = in.rho_z;
   for (Eigen::Index j = 0; j < rho.size(); ++j) rho(j) = MulUp(rho(j), s);
   const int heads = int(geo.size());
-  std::vector<FactorBounds> own(full ? 0 : heads);
   std::vector<SecondOrderHead> per_head(heads);
-  // Two passes: the rows' forms chosen by their plain sums of squares, then again weighted
-  // toward the largest columns of the first pass; the smaller result is kept (both bound it).
-  double best = kInf;
-  Eigen::VectorXd weight;
-  for (int pass = 0; pass < 2; ++pass) {
-    ParallelFor(heads, WorkerCount(threads, heads), [&](int h, int) {
-      if (!full && pass == 0) own[h] = HeadFactorBounds(geo[h], rho, MulUp(in.joint_z, s), causal);
-      per_head[h] = SecondOrderHeadUp(geo[h], full ? (*full)[h] : own[h], rho, causal, weight);
-    });
-    Eigen::VectorXd columns = Eigen::VectorXd::Zero(rho.size());
-    double cross = 0;
-    for (const SecondOrderHead& so : per_head) {
-      for (Eigen::Index j = 0; j < columns.size(); ++j) columns(j) = AddUp(columns(j), so.column_norms(j));
-      cross = AddUp(cross, so.cross);
+  ParallelFor(heads, WorkerCount(threads, heads), [&](int h, int) {
+    if (full) {
+      per_head[h] = SecondOrderHeadUp(geo[h], (*full)[h], rho, causal);
+    } else {
+      per_head[h] = SecondOrderHeadUp(geo[h], HeadFactorBounds(geo[h], rho, MulUp(in.joint_z, s), causal), rho, causal);
     }
-    best = std::min(best, AddUp(columns.maxCoeff(), cross));
-    const double top = columns.maxCoeff();
-    if (!(top > 0) || !std::isfinite(top)) break;
-    weight = (columns / top).array().pow(8.0).matrix();
-  }
-  return best;
+  });
+  return SecondOrderColumnsUp(per_head);
 }
 
 // The second-order variation (docs/engines.md, "Second-order variation"): along the segment

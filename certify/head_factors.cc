@@ -317,9 +317,10 @@ static double MaxOfPTimesOneMinusTwoP(double lo, double hi) {
 }
 
 SecondOrderHead SecondOrderHeadUp(const HeadGeometry& G, const FactorBounds& F, const Eigen::VectorXd& rho,
-                                  bool causal, const Eigen::VectorXd& column_weight) {
+                                  bool causal) {
   const int n = int(rho.size());
-  Eigen::MatrixXd l = Eigen::MatrixXd::Zero(n, n);
+  SecondOrderHead out;
+  out.forms.resize(n);
   double cross = 0;
   for (int i = 0; i < n; ++i) {
     const int len = causal ? i + 1 : n;
@@ -369,13 +370,13 @@ SecondOrderHead SecondOrderHeadUp(const HeadGeometry& G, const FactorBounds& F, 
       }
       t3_row(i) = AddUp(t3_row(i), MulUp(MulUp(4.0, G.c_g), pa_sum));
     }
-    // Row i of L, from one of two bounds on T1 (the row keeps the one with the smaller weighted
-    // sum of squares, its weight in the column norms):
+    // Row i of L, from one of two bounds on T1 (SecondOrderColumnsUp picks one form per row):
     //  - split: sum_j P_j a_j delta_j^2 with delta = delta_q + delta_k (query and key motion),
     //    (1 + theta) ab2 t_i + sum_k gamma_k^2 (signed_k + unsigned_k / theta) t_k;
     //  - whole: A_i Var_i(ds) <= 2 A_i beta^2 t_i + 2 A_i sum_k W_k gamma_k^2 t_k.
-    Eigen::VectorXd best;
-    double best_ss = kInf;
+    Eigen::MatrixXd& forms = out.forms[i];
+    forms = Eigen::MatrixXd::Zero(5, n);
+    int f = 0;
     for (const double theta : {-1.0, 0.5, 1.0, 2.0, 4.0}) {  // -1: the whole bound
       Eigen::VectorXd row(len);
       double diag;
@@ -388,28 +389,115 @@ SecondOrderHead SecondOrderHeadUp(const HeadGeometry& G, const FactorBounds& F, 
       }
       for (int k = 0; k < len; ++k) row(k) = AddUp(AddUp(row(k), t2_off(k)), t3_row(k));
       row(i) = AddUp(row(i), AddUp(diag, t2_diag));
-      const double ss =
-          column_weight.size() ? row.cwiseAbs2().dot(column_weight.head(len)) : row.squaredNorm();
-      if (best.size() == 0 || ss < best_ss) best_ss = ss, best = row;  // (an infinite row is kept as such)
+      forms.row(f++).head(len) = row.transpose();
     }
-    l.row(i).head(len) = best.transpose();
     if (G.dot) {
       double pa2 = 0;
       for (int j = 0; j < len; ++j) pa2 = AddUp(pa2, MulUp(F.pa(i, j), F.pa(i, j)));
       cross = std::max(cross, SqrtUp(pa2));
     }
   }
-  SecondOrderHead out;
-  out.column_norms.resize(n);
-  for (int j = 0; j < n; ++j) {
-    double s = 0;
-    for (int i = 0; i < n; ++i) s = AddUp(s, MulUp(l(i, j), l(i, j)));
-    out.column_norms(j) = SqrtUp(s);
-  }
   // Dot: ||T3_i|| <= 2 c_b sqrt(t_i) sum_j pa_ij sqrt(t_j), whose norm over i is at most
   // 2 c_b max_i ||row i of pa||_2.
   out.cross = G.dot ? MulUp(MulUp(2.0, G.c_b), cross) : 0.0;
   return out;
+}
+
+double SecondOrderColumnsUp(const std::vector<SecondOrderHead>& heads) {
+  const int h_count = int(heads.size());
+  if (h_count == 0) return 0.0;
+  const int n = int(heads[0].forms.size());
+  // pick[h][i]: the form of row i of head h; col2[h](j): sum_i L_h(i, j)^2 in floating point.
+  std::vector<std::vector<int>> pick(h_count, std::vector<int>(n, 0));
+  std::vector<Eigen::VectorXd> col2(h_count, Eigen::VectorXd::Zero(n));
+  for (int h = 0; h < h_count; ++h)
+    for (int i = 0; i < n; ++i) {
+      Eigen::Index best;
+      heads[h].forms[i].rowwise().squaredNorm().minCoeff(&best);
+      pick[h][i] = int(best);
+      col2[h] += heads[h].forms[i].row(best).transpose().cwiseAbs2();
+    }
+  // The bound from the picks, rounded up.
+  auto bound = [&]() {
+    Eigen::VectorXd columns = Eigen::VectorXd::Zero(n);
+    double cross = 0;
+    for (int h = 0; h < h_count; ++h) {
+      for (int j = 0; j < n; ++j) {
+        double s = 0;
+        for (int i = 0; i < n; ++i) {
+          const double v = heads[h].forms[i](pick[h][i], j);
+          s = AddUp(s, MulUp(v, v));
+        }
+        columns(j) = AddUp(columns(j), SqrtUp(s));
+      }
+      cross = AddUp(cross, heads[h].cross);
+    }
+    return AddUp(columns.maxCoeff(), cross);
+  };
+  double best = bound();
+  if (!std::isfinite(best)) return best;
+  // Second start: each row's form by its sum of squares weighted by (column sum / largest)^8
+  // of the first picks; the descent starts from the better of the two.
+  {
+    Eigen::VectorXd sums = Eigen::VectorXd::Zero(n);
+    for (int h = 0; h < h_count; ++h) sums += col2[h].cwiseSqrt();
+    const Eigen::VectorXd weight = (sums / sums.maxCoeff()).array().pow(8.0).matrix();
+    const auto first_pick = pick;
+    const auto first_col2 = col2;
+    for (int h = 0; h < h_count; ++h) {
+      col2[h].setZero();
+      for (int i = 0; i < n; ++i) {
+        Eigen::Index f;
+        (heads[h].forms[i].cwiseAbs2() * weight).minCoeff(&f);
+        pick[h][i] = int(f);
+        col2[h] += heads[h].forms[i].row(f).transpose().cwiseAbs2();
+      }
+    }
+    const double second = bound();
+    if (second < best) {
+      best = second;
+    } else {
+      pick = first_pick;
+      col2 = first_col2;
+    }
+  }
+  // Coordinate descent on sum_j (column sum / scale)^16, a smooth stand-in for the largest.
+  auto surrogate = [&](const Eigen::VectorXd& sums, double scale) {
+    return (sums / scale).array().pow(16.0).sum();
+  };
+  auto column_sums = [&]() {
+    Eigen::VectorXd sums = Eigen::VectorXd::Zero(n);
+    for (int h = 0; h < h_count; ++h) sums += col2[h].cwiseSqrt();
+    return sums;
+  };
+  Eigen::VectorXd sums = column_sums();
+  for (int sweep = 0; sweep < 3; ++sweep) {
+    const double scale = sums.maxCoeff();
+    double current = surrogate(sums, scale);
+    bool moved = false;
+    for (int h = 0; h < h_count; ++h)
+      for (int i = 0; i < n; ++i) {
+        const Eigen::MatrixXd& forms = heads[h].forms[i];
+        for (int f = 0; f < forms.rows(); ++f) {
+          if (f == pick[h][i]) continue;
+          const Eigen::VectorXd trial2 =
+              (col2[h] - forms.row(pick[h][i]).transpose().cwiseAbs2() + forms.row(f).transpose().cwiseAbs2())
+                  .cwiseMax(0.0);
+          const Eigen::VectorXd trial_sums = sums - col2[h].cwiseSqrt() + trial2.cwiseSqrt();
+          const double value = surrogate(trial_sums, scale);
+          if (value < current) {
+            current = value;
+            col2[h] = trial2;
+            sums = trial_sums;
+            pick[h][i] = f;
+            moved = true;
+          }
+        }
+      }
+    if (!moved) break;
+    sums = column_sums();  // (drops the updates' rounding drift)
+  }
+  return std::min(best, bound());
 }
 
 IntervalMatrix AttentionProbabilityEnclosure(const AttentionLayer& layer, const TokenCover& cover, int head) {

@@ -16,6 +16,8 @@
 
 #include <Eigen/Dense>
 
+#include <vector>
+
 #include "certify/input_set.h"
 #include "certify/token_cover.h"
 #include "interval/interval_matrix.h"
@@ -98,14 +100,20 @@ RowSpread RowSpreadUp(const HeadGeometry& G, const FactorBounds& F, const Eigen:
 // the factor bounds F (spreads, ||a_ij||, ||g_ij||, P ranges). Dot heads put T3 in `cross`,
 // l2 heads in L. ||L t|| is convex in t, so its sup over the simplex is the largest column
 // norm of L.
+// Each row of L has several valid forms (`forms[i]`, one per row of the matrix, entries
+// rounded up); any choice of one form per row bounds the head.
 struct SecondOrderHead {
-  Eigen::VectorXd column_norms;  // >= ||column j of L||_2
+  std::vector<Eigen::MatrixXd> forms;  // forms[i]: (forms x N), zero beyond the row's keys
   double cross = kInf;
 };
-// Each row of L has several valid forms; a row keeps the one with the least
-// sum_k column_weight_k L_ik^2 (its weight in the column norms; empty: all weights 1).
 SecondOrderHead SecondOrderHeadUp(const HeadGeometry& G, const FactorBounds& F, const Eigen::VectorXd& rho,
-                                  bool causal, const Eigen::VectorXd& column_weight = Eigen::VectorXd());
+                                  bool causal);
+
+// >= max_j sum_h ||column j of L_h||_2 + sum_h cross_h, for one form per row of every head:
+// the forms are picked to make the largest column small (smallest sum of squares first, then
+// a few sweeps of coordinate descent on sum_j (column sum)^16), and the bound is computed
+// with upward rounding from the picked forms.
+double SecondOrderColumnsUp(const std::vector<SecondOrderHead>& heads);
 
 // >= ||P||_p for every attention matrix P below p_hi (rows on the simplex).
 double ProbabilityNormUp(const Eigen::MatrixXd& p_hi, NormKind p);
