@@ -50,12 +50,17 @@ int main(int argc, char** argv) {
       // set): how much of it is the widening of the factor bounds over the cover.
       const Eigen::VectorXd zero = Eigen::VectorXd::Zero(set.center.rows());
       std::vector<SecondOrderHead> heads;
+      std::vector<SecondOrderSplitHead> split;
       for (int h = 0; h < L.heads; ++h) {
         const HeadGeometry G = HeadGeometryAt(L, h, v.in.zc, NormKind::kL2);
-        heads.push_back(SecondOrderHeadUp(G, HeadFactorBounds(G, zero, 0.0, L.causal), zero, L.causal));
+        const FactorBounds F = HeadFactorBounds(G, zero, 0.0, L.causal);
+        heads.push_back(SecondOrderHeadUp(G, F, zero, L.causal));
+        split.push_back(SecondOrderSplitHeadUp(G, F, zero, L.causal));
       }
       std::printf("  %-70s %.6g\n", "second order with the centre's coefficients (radius x, not a bound)",
                   set.radius * SecondOrderColumnsUp(heads));
+      std::printf("  %-70s %.6g\n", "  the same, pair terms apart (radius x, not a bound)",
+                  set.radius * SecondOrderSplitColumnsUp(split));
     }
     // Heads apart, Wo factored out: ||sum_h (I x Wo_h) dK_h|| <= ||Wo|| sqrt(sum_h ||dK_h||^2).
     double sum2 = 0, sum_plain = 0;

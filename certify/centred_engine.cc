@@ -27,14 +27,13 @@ double SecondOrderSupUp(const std::vector<HeadGeometry>& geo, const MhaInput& in
   for (Eigen::Index j = 0; j < rho.size(); ++j) rho(j) = MulUp(rho(j), s);
   const int heads = int(geo.size());
   std::vector<SecondOrderHead> per_head(heads);
+  std::vector<SecondOrderSplitHead> split(heads);
   ParallelFor(heads, WorkerCount(threads, heads), [&](int h, int) {
-    if (full) {
-      per_head[h] = SecondOrderHeadUp(geo[h], (*full)[h], rho, causal);
-    } else {
-      per_head[h] = SecondOrderHeadUp(geo[h], HeadFactorBounds(geo[h], rho, MulUp(in.joint_z, s), causal), rho, causal);
-    }
+    const FactorBounds F = full ? (*full)[h] : HeadFactorBounds(geo[h], rho, MulUp(in.joint_z, s), causal);
+    per_head[h] = SecondOrderHeadUp(geo[h], F, rho, causal);
+    split[h] = SecondOrderSplitHeadUp(geo[h], F, rho, causal);
   });
-  return SecondOrderColumnsUp(per_head);
+  return std::min(SecondOrderColumnsUp(per_head), SecondOrderSplitColumnsUp(split));
 }
 
 // The second-order variation (docs/engines.md, "Second-order variation"): along the segment

@@ -72,6 +72,8 @@ HeadGeometry HeadGeometryAt(const AttentionLayer& L, int h, const Eigen::MatrixX
     G.db = G.dg;
   }
   G.du = PairDistanceUp(G.u, PrimalNorm(p));
+  G.u_norm = PrimalNorm(p);
+  G.b_norm = DualNorm(p);
   return G;
 }
 
@@ -232,6 +234,55 @@ static double MaxOfPTimesOneMinusP(double lo, double hi) {
   return MulUp(x, SubUp(1.0, x));
 }
 
+// sup over the cover of ||sum_k P_ik (v_j - v_k)|| (in norm q) for rows v_k that move by at most
+// c_move rho_k from the centre's enclosure `vals`, anchored at the centre's softmax weights w
+// (the midpoints of its rigorous ranges; any weights would do):
+//   sum_k P_k (v_j - v_k) = sum_k w_k (m_j - m_k) + sum_k (P_k - w_k)(m_j - m_k) + sum_k P_k (e_j - e_k),
+// m the enclosure's midpoints and ||e_k|| <= c_move rho_k + ||radius row k||. The first sum is
+// taken in floating point as s_i m_j - (w m)_i (s_i = sum_k w_ik) with its rounding error, at
+// most 4 gamma_{n+2} (s_i |m_j| + (w |m|)_i) entrywise plus underflow; the second is at most
+// sum_k max(p_hi - w, w - p_lo)_k dist_jk (dist >= ||m_j - m_k||); the third
+// delta_j + sup_P sum_k P_k delta_k. Exact at the centre up to rounding, where the mean
+// distance sum_k P_k ||v_j - v_k|| is not.
+static Eigen::MatrixXd AnchoredMeanDistanceUp(const HeadGeometry& G, const IntervalMatrix& vals, const Eigen::MatrixXd& dist,
+                                              double c_move, VectorNorm q, const Eigen::VectorXd& rho, bool causal,
+                                              const FactorBounds& F) {
+  const int n = int(rho.size()), d = int(vals.mid.cols());
+  Eigen::MatrixXd lo0, hi0, w_lo, w_hi;
+  LogitBox(G, Eigen::VectorXd::Zero(n), &lo0, &hi0);
+  SoftmaxRows(lo0, hi0, causal, &w_lo, &w_hi);
+  const Eigen::MatrixXd w = 0.5 * (w_lo + w_hi);  // masked entries 0
+  const Eigen::MatrixXd& m = vals.mid;
+  const Eigen::MatrixXd m_abs = m.cwiseAbs();
+  const Eigen::MatrixXd mean = w * m, mean_abs = w * m_abs;
+  const Eigen::VectorXd s = w.rowwise().sum();
+  Eigen::VectorXd m_norm(n), mean_abs_norm(n), delta(n);
+  for (int k = 0; k < n; ++k) {
+    m_norm(k) = NormUpOfMagnitudes(m_abs.row(k).transpose(), q);
+    mean_abs_norm(k) = NormUpOfMagnitudes(mean_abs.row(k).transpose(), q);
+    delta(k) = AddUp(MulUp(c_move, rho(k)), NormUpOfMagnitudes(vals.rad.row(k).transpose(), q));
+  }
+  const double g = MulUp(4.0, GammaUp(double(n) + 2));
+  const double underflow = MulUp(double(n + 4) * d, kEta);
+  Eigen::MatrixXd out = Eigen::MatrixXd::Zero(n, n);
+  Eigen::VectorXd dev(n);
+  for (int i = 0; i < n; ++i) {
+    const int len = causal ? i + 1 : n;
+    const Eigen::VectorXd cap = F.p_hi.row(i).head(len).transpose();
+    for (int k = 0; k < len; ++k) dev(k) = std::max({0.0, SubUp(F.p_hi(i, k), w(i, k)), SubUp(w(i, k), F.p_lo(i, k))});
+    const double moved = SimplexWeightedSumUp(cap, delta.head(len), len);
+    for (int j = 0; j < len; ++j) {
+      const Eigen::VectorXd v = (s(i) * m.row(j) - mean.row(i)).transpose();
+      double bound = NormUpOfMagnitudes(v.cwiseAbs(), q);
+      bound = AddUp(bound, AddUp(MulUp(g, AddUp(MulUp(s(i), m_norm(j)), mean_abs_norm(i))), underflow));
+      for (int k = 0; k < len; ++k)
+        if (k != j) bound = AddUp(bound, MulUp(dev(k), dist(j, k)));
+      out(i, j) = AddUp(bound, AddUp(delta(j), moved));
+    }
+  }
+  return out;
+}
+
 FactorBounds HeadFactorBounds(const HeadGeometry& G, const Eigen::VectorXd& rho, double joint, bool causal) {
   const int n = int(rho.size());
   FactorBounds F;
@@ -252,6 +303,8 @@ FactorBounds HeadFactorBounds(const HeadGeometry& G, const Eigen::VectorXd& rho,
       if (!G.dot) dg(j, k) = AddUp(G.dg(j, k), MulUp(G.c_g, AddUp(rho(j), rho(k))));
     }
   for (int j = 0; j < n; ++j) du(j, j) = db(j, j) = dg(j, j) = 0;  // a token's distance to itself
+  const Eigen::MatrixXd a_anchored = AnchoredMeanDistanceUp(G, G.u, G.du, G.c_u, G.u_norm, rho, causal, F);
+  const Eigen::MatrixXd b_anchored = AnchoredMeanDistanceUp(G, G.b, G.db, G.c_b, G.b_norm, rho, causal, F);
   for (int i = 0; i < n; ++i) {
     const int len = causal ? i + 1 : n;
     for (int j = 0; j < n; ++j) {
@@ -259,11 +312,11 @@ FactorBounds HeadFactorBounds(const HeadGeometry& G, const Eigen::VectorXd& rho,
         F.a_sup(i, j) = F.g_sup(i, j) = F.b_sup(i, j) = F.pa(i, j) = 0;
         continue;
       }
-      F.a_sup(i, j) = MeanDistanceUp(F.p_hi, du, i, j, len);
+      F.a_sup(i, j) = std::min(MeanDistanceUp(F.p_hi, du, i, j, len), a_anchored(i, j));
       // P_ij ||a_ij|| = P_ij ||sum_{k != j} P_ik (u_j - u_k)|| <= P_ij (1 - P_ij) max_{k != j} d_jk.
       const double pq = MaxOfPTimesOneMinusP(F.p_lo(i, j), F.p_hi(i, j));
       F.pa(i, j) = std::min(MulUp(F.p_hi(i, j), F.a_sup(i, j)), MulUp(pq, du.row(j).head(len).maxCoeff()));
-      const double bmean = MeanDistanceUp(F.p_hi, db, i, j, len);
+      const double bmean = std::min(MeanDistanceUp(F.p_hi, db, i, j, len), b_anchored(i, j));
       if (G.dot) {
         F.g_sup(i, j) = AddUp(G.g_norm(i), MulUp(G.c_g, rho(i)));
         F.b_sup(i, j) = bmean;
@@ -400,6 +453,107 @@ SecondOrderHead SecondOrderHeadUp(const HeadGeometry& G, const FactorBounds& F, 
   // 2 c_b max_i ||row i of pa||_2.
   out.cross = G.dot ? MulUp(MulUp(2.0, G.c_b), cross) : 0.0;
   return out;
+}
+
+// max of P |1 - 2P| over lo <= P <= hi (rounded up): P (1 - 2P) peaks at 1/8 for P = 1/4,
+// and P (2P - 1) grows up to 1 at P = 1.
+static double MaxOfPTimesAbsOneMinusTwoP(double lo, double hi) {
+  double best = 0;
+  if (lo <= 0.5) {
+    const double x = std::clamp(0.25, lo, std::min(hi, 0.5));
+    best = MulUp(x, SubUp(1.0, MulDown(2.0, x)));
+  }
+  if (hi >= 0.5) best = std::max(best, MulUp(hi, SubUp(MulUp(2.0, hi), 1.0)));
+  return best;
+}
+
+SecondOrderSplitHead SecondOrderSplitHeadUp(const HeadGeometry& G, const FactorBounds& F, const Eigen::VectorXd& rho,
+                                            bool causal) {
+  const int n = int(rho.size());
+  SecondOrderSplitHead out;
+  out.lin = Eigen::MatrixXd::Zero(n, n);
+  // Row i's pair terms, x^T O_i x, one row of `pairs` per i (O_i flattened column-major).
+  Eigen::MatrixXd pairs = Eigen::MatrixXd::Zero(n, Eigen::Index(n) * n);
+  for (int i = 0; i < n; ++i) {
+    const int len = causal ? i + 1 : n;
+    const Eigen::VectorXd cap = F.p_hi.row(i).head(len).transpose(), a = F.a_sup.row(i).head(len).transpose();
+    const double a_max = a.maxCoeff();
+    const RowSpread spread = RowSpreadUp(G, F, rho, i, len);
+    const double beta = SqrtUp(spread.b2);
+    // ab2 >= sum_j P_j ||a_j|| ||b_j||^2 and ab1 >= sum_j P_j ||a_j|| ||b_j|| (b_j: the query motion's spread).
+    Eigen::VectorXd ab(len), ab_1(len);
+    for (int j = 0; j < len; ++j) {
+      ab_1(j) = MulUp(a(j), F.b_sup(i, j));
+      ab(j) = MulUp(ab_1(j), F.b_sup(i, j));
+    }
+    const double ab2 = std::min(SimplexWeightedSumUp(cap, ab, len), MulUp(a_max, MulUp(beta, beta)));
+    const double ab1 = std::min(SimplexWeightedSumUp(cap, ab_1, len), MulUp(a_max, beta));
+    // star(k): the coefficient of x_i x_k (the row's query times key k's motion);
+    // m(k) p(l): that of x_k x_l, k != l (two keys' motions).
+    Eigen::VectorXd star(len), m(len), p(len);
+    for (int k = 0; k < len; ++k) {
+      const double gamma = F.g_sup(i, k);
+      const double pq = MaxOfPTimesOneMinusP(F.p_lo(i, k), F.p_hi(i, k));
+      const double one_minus_2p = std::max(SubUp(1.0, MulDown(2.0, F.p_lo(i, k))), SubUp(MulUp(2.0, F.p_hi(i, k)), 1.0));
+      const double pa_abs = std::min(MulUp(MaxOfPTimesAbsOneMinusTwoP(F.p_lo(i, k), F.p_hi(i, k)), a(k)),
+                                     MulUp(one_minus_2p, F.pa(i, k)));
+      // T1 (keys): P_k |1 - 2P_k| ||a_k|| y_k^2;  T2 (keys): 2 P_k (1 - P_k) |y_k| ||W_h U_k||.
+      out.lin(i, k) = AddUp(MulUp(MulUp(gamma, gamma), pa_abs), MulUp(MulUp(2.0, G.w_norm), MulUp(gamma, pq)));
+      // T1 (query x keys): 2 gamma_k P_k ||a_k|| ||b_k|| + 2 ab1 P_k gamma_k;  T2 (query):
+      // 2 ||W_h|| P_k ||b_k||;  dot T3: 2 c_b P_k ||a_k||.
+      double s = AddUp(MulUp(MulUp(2.0, gamma), MulUp(F.pa(i, k), F.b_sup(i, k))),
+                       MulUp(MulUp(2.0, ab1), MulUp(cap(k), gamma)));
+      s = AddUp(s, MulUp(MulUp(2.0, G.w_norm), MulUp(cap(k), F.b_sup(i, k))));
+      if (G.dot) s = AddUp(s, MulUp(MulUp(2.0, G.c_b), F.pa(i, k)));
+      star(k) = s;
+      // T1 (key x key): 2 P_k ||a_k|| gamma_k P_l gamma_l;  T2 (key x key): 2 ||W_h|| P_k P_l gamma_l.
+      m(k) = AddUp(MulUp(MulUp(2.0, gamma), F.pa(i, k)), MulUp(MulUp(2.0, G.w_norm), cap(k)));
+      p(k) = MulUp(cap(k), gamma);
+      // L2 T3: |e_ik| <= 4 c_g (t_i + t_k), linear in t.
+      if (!G.dot) {
+        const double t3 = MulUp(MulUp(4.0, G.c_g), F.pa(i, k));
+        out.lin(i, k) = AddUp(out.lin(i, k), t3);
+        out.lin(i, i) = AddUp(out.lin(i, i), t3);
+      }
+    }
+    // The query alone (T1: ab2 x_i^2) and the row's own key with its query (star(i)).
+    out.lin(i, i) = AddUp(out.lin(i, i), AddUp(ab2, star(i)));
+    for (int k = 0; k < len; ++k)
+      for (int l = 0; l < len; ++l) {
+        if (k == l) continue;
+        double o = MulUp(0.5, AddUp(MulUp(m(k), p(l)), MulUp(m(l), p(k))));
+        if (k == i) o = AddUp(o, MulUp(0.5, star(l)));
+        if (l == i) o = AddUp(o, MulUp(0.5, star(k)));
+        pairs(i, Eigen::Index(l) * n + k) = o;
+      }
+  }
+  // sup over unit x of ||(x^T O_i x)_i||: with X = x x^T (||X||_F = 1), the vector is the
+  // matrix `pairs` times vec X, so its norm is at most sqrt(lambda_max(pairs pairs^T)).
+  // The Gram's entries are sums of n^2 nonnegative products: exact <= (fl + n^2 eta) / (1 - gamma_{n^2}).
+  const double terms = double(n) * n;
+  const Eigen::MatrixXd gram_fl = pairs * pairs.transpose();
+  const double shrink = SubDown(1.0, GammaUp(terms));
+  Eigen::MatrixXd gram(n, n);
+  for (int i = 0; i < n; ++i)
+    for (int l = 0; l < n; ++l) gram(i, l) = DivUp(AddUp(gram_fl(i, l), MulUp(terms, kEta)), shrink);
+  out.off = SqrtUp(SpectralRadiusUpperNonneg(gram).value());
+  return out;
+}
+
+double SecondOrderSplitColumnsUp(const std::vector<SecondOrderSplitHead>& heads) {
+  if (heads.empty()) return 0.0;
+  const int n = int(heads[0].lin.cols());
+  Eigen::VectorXd columns = Eigen::VectorXd::Zero(n);
+  double off = 0;
+  for (const SecondOrderSplitHead& h : heads) {
+    for (int j = 0; j < n; ++j) {
+      double s = 0;
+      for (int i = 0; i < n; ++i) s = AddUp(s, MulUp(h.lin(i, j), h.lin(i, j)));
+      columns(j) = AddUp(columns(j), SqrtUp(s));
+    }
+    off = AddUp(off, h.off);
+  }
+  return AddUp(columns.maxCoeff(), off);
 }
 
 double SecondOrderColumnsUp(const std::vector<SecondOrderHead>& heads) {

@@ -51,6 +51,8 @@ struct HeadGeometry {
   double c_logit = 0;  // dot: ||Wq^T Wk||_2/sqrt(dk); l2: ||Wq||_2
   double w_norm = 0;   // ||W_h||_p
   Interval inv_sqrt_dk;  // 1/sqrt(dk)
+  VectorNorm u_norm = VectorNorm::kTwo;  // the norm of du (p) and of db, dg (its dual)
+  VectorNorm b_norm = VectorNorm::kTwo;
 };
 
 // Head h's geometry at the centre zc (N, D) of the MHA input, for the engine norm p.
@@ -114,6 +116,23 @@ SecondOrderHead SecondOrderHeadUp(const HeadGeometry& G, const FactorBounds& F, 
 // a few sweeps of coordinate descent on sum_j (column sum)^16), and the bound is computed
 // with upward rounding from the picked forms.
 double SecondOrderColumnsUp(const std::vector<SecondOrderHead>& heads);
+
+// Norm 2: the same second derivative with the products of two tokens' motions kept apart
+// from the squares (docs/engines.md, "Second-order variation: pair terms apart"). With
+// x_k = ||U_k|| (x a unit vector, t = x^2 on the simplex),
+//   ||d^2 out_i|| <= sum_k lin(i, k) t_k + x^T O_i x,   O_i >= 0 with a zero diagonal,
+// lin holding what one token moving alone gives (its key, and for k = i its query), O_i the
+// products of the query's and the keys' motions and of two keys' motions. Then
+// ||d^2 out_h|| <= ||lin t||_2 + off with off >= sup_x ||(x^T O_i x)_i||_2.
+struct SecondOrderSplitHead {
+  Eigen::MatrixXd lin;  // (N x N), entries rounded up, zero beyond each row's keys
+  double off = kInf;
+};
+SecondOrderSplitHead SecondOrderSplitHeadUp(const HeadGeometry& G, const FactorBounds& F, const Eigen::VectorXd& rho,
+                                            bool causal);
+
+// >= max_j sum_h ||column j of lin_h||_2 + sum_h off_h.
+double SecondOrderSplitColumnsUp(const std::vector<SecondOrderSplitHead>& heads);
 
 // >= ||P||_p for every attention matrix P below p_hi (rows on the simplex).
 double ProbabilityNormUp(const Eigen::MatrixXd& p_hi, NormKind p);

@@ -4,6 +4,8 @@
 
 #include "certify/head_factors.h"
 
+#include "certify/input_set.h"
+#include "certify/layer_norm_cover.h"
 #include "models/forward.h"
 #include "tests/certify/test_util.h"
 
@@ -102,6 +104,137 @@ TEST(HeadFactorsTest, BallProbabilityRangesAreFirstOrderTight) {
     }
   }
   EXPECT_GE(checked, 50);
+}
+
+// Points of the set: samples inside and on the boundary, and the whole radius on one token.
+std::vector<Eigen::MatrixXd> CoverPoints(std::mt19937_64& rng, const InputSet& set, int samples) {
+  std::normal_distribution<double> gauss(0.0, 1.0);
+  std::vector<Eigen::MatrixXd> points;
+  for (int s = 0; s < samples; ++s) points.push_back(SamplePoint(rng, set, s % 2 == 0));
+  for (int a = 0; a < set.tokens(); ++a) {
+    Eigen::MatrixXd d = Eigen::MatrixXd::Zero(set.tokens(), set.width());
+    for (int c = 0; c < set.width(); ++c) d(a, c) = gauss(rng);
+    points.push_back(set.Project(set.center + d * (set.radius / d.norm())));
+  }
+  return points;
+}
+
+// The factor bounds a_sup and b_sup (anchored at the centre's softmax weights, or the mean
+// distances) hold at points of the set: ||sum_k P_ik (u_j - u_k)|| <= a_sup(i, j) and the
+// same for the query's spread b (twice it for l2), with P in MPFR and u, b at the point.
+TEST(HeadFactorsTest, ValueAndQuerySpreadsHoldOverTheSet) {
+  mpfr::mpreal::set_default_prec(256);
+  std::mt19937_64 rng(20261205);
+  const int cases = int(60 * TestScale());
+  int checked = 0, dot = 0, l2 = 0;
+  for (int t = 0; t < cases; ++t) {
+    AttentionLayer L = RandomLayer(rng);
+    L.layer_norm.reset();
+    const double sharp = 1.0 + 3.0 * std::uniform_real_distribution<double>(0.0, 1.0)(rng);
+    L.wq *= sharp;
+    L.wk *= sharp;
+    InputSet set = RandomSet(rng, std::uniform_int_distribution<int>(2, 4)(rng), L.d_model);
+    const int n = set.tokens();
+    const MhaInput in = MhaInputOver(L, CoverOf(set), NormKind::kL2);
+    (L.kind == AttentionKind::kDot ? dot : l2) += 1;
+    for (int h = 0; h < L.heads; ++h) {
+      const HeadGeometry G = HeadGeometryAt(L, h, in.zc, NormKind::kL2);
+      const FactorBounds F = HeadFactorBounds(G, in.rho_z, in.joint_z, L.causal);
+      for (const Eigen::MatrixXd& x : CoverPoints(rng, set, 4)) {
+        const HeadGeometry at = HeadGeometryAt(L, h, x, NormKind::kL2);
+        const MpMat p = Evaluate<mpfr::mpreal>(L, ToMp(x)).heads[h].p;
+        for (int i = 0; i < n; ++i)
+          for (int j = 0; j < (L.causal ? i + 1 : n); ++j) {
+            Eigen::VectorXd a = Eigen::VectorXd::Zero(L.d_model), b = Eigen::VectorXd::Zero(at.b.mid.cols());
+            for (int k = 0; k < n; ++k) {
+              a += p(i, k).toDouble() * (at.u.mid.row(j) - at.u.mid.row(k)).transpose();
+              b += p(i, k).toDouble() * (at.b.mid.row(j) - at.b.mid.row(k)).transpose();
+            }
+            const double b_scale = G.dot ? 1.0 : 2.0;
+            ASSERT_LE(a.norm(), F.a_sup(i, j) * (1 + 1e-9) + 1e-12) << "case " << t << " head " << h << " (" << i << "," << j << ")";
+            ASSERT_LE(b_scale * b.norm(), F.b_sup(i, j) * (1 + 1e-9) + 1e-12) << "case " << t << " head " << h;
+            ++checked;
+          }
+      }
+    }
+  }
+  EXPECT_GT(checked, cases * 4);
+  EXPECT_GT(dot, 0);
+  EXPECT_GT(l2, 0);
+}
+
+// d^2/ds^2 f(X + s U) at s = 0 in MPFR (256 bits): the central second difference with a step
+// of 1e-20, whose truncation error (~1e-40) and rounding (2^-256 |f| / 1e-40) are far below
+// the tolerances here.
+Eigen::MatrixXd SecondDerivativeMp(const AttentionLayer& L, const Eigen::MatrixXd& x, const Eigen::MatrixXd& u) {
+  const mpfr::mpreal step("1e-20");
+  const MpMat xm = ToMp(x), um = ToMp(u);
+  const MpMat f0 = Forward<mpfr::mpreal>(L, xm);
+  const MpMat fp = Forward<mpfr::mpreal>(L, MpMat(xm + step * um)), fm = Forward<mpfr::mpreal>(L, MpMat(xm - step * um));
+  const MpMat d2 = (fp - 2 * f0 + fm) / (step * step);
+  Eigen::MatrixXd out(d2.rows(), d2.cols());
+  for (Eigen::Index r = 0; r < d2.rows(); ++r)
+    for (Eigen::Index c = 0; c < d2.cols(); ++c) out(r, c) = d2(r, c).toDouble();
+  return out;
+}
+
+// The second derivative with the pair terms apart (SecondOrderSplitHeadUp), summed over
+// heads, bounds ||d^2 f(X)[U, U]||_F for unit U at every point X of the set, dot and l2
+// layers with sharp softmax rows, causal masks included: U random, on one token, and on
+// two tokens (where the pair terms live). It is within 10x of a sampled direction on
+// some point sets (radius 0), so it is not vacuous.
+TEST(HeadFactorsTest, SplitSecondOrderBoundsTheSecondDerivative) {
+  mpfr::mpreal::set_default_prec(256);
+  std::mt19937_64 rng(20261206);
+  std::normal_distribution<double> gauss(0.0, 1.0);
+  const int cases = int(50 * TestScale());
+  int checked = 0, within_10x = 0, dot = 0, l2 = 0, causal = 0;
+  for (int t = 0; t < cases; ++t) {
+    AttentionLayer L = RandomLayer(rng);
+    L.layer_norm.reset();
+    const double sharp = 1.0 + 3.0 * std::uniform_real_distribution<double>(0.0, 1.0)(rng);
+    L.wq *= sharp;
+    L.wk *= sharp;
+    InputSet set = RandomSet(rng, std::uniform_int_distribution<int>(2, 4)(rng), L.d_model);
+    if (t % 4 == 0) set.radius = 0;
+    const int n = set.tokens();
+    (L.kind == AttentionKind::kDot ? dot : l2) += 1;
+    causal += L.causal;
+    const MhaInput in = MhaInputOver(L, CoverOf(set), NormKind::kL2);
+    std::vector<SecondOrderSplitHead> heads;
+    for (int h = 0; h < L.heads; ++h) {
+      const HeadGeometry G = HeadGeometryAt(L, h, in.zc, NormKind::kL2);
+      heads.push_back(SecondOrderSplitHeadUp(G, HeadFactorBounds(G, in.rho_z, in.joint_z, L.causal), in.rho_z, L.causal));
+    }
+    const double bound = SecondOrderSplitColumnsUp(heads);
+    ASSERT_TRUE(std::isfinite(bound)) << "case " << t;
+    std::vector<Eigen::MatrixXd> points = set.radius == 0 ? std::vector<Eigen::MatrixXd>{set.center} : CoverPoints(rng, set, 2);
+    double best = 0;
+    for (const Eigen::MatrixXd& x : points) {
+      std::vector<Eigen::MatrixXd> dirs;
+      for (int s = 0; s < 3; ++s) {
+        Eigen::MatrixXd u(n, L.d_model);
+        for (Eigen::Index e = 0; e < u.size(); ++e) u.data()[e] = gauss(rng);
+        // s = 0: every token moves; s = 1: token a alone; s = 2: tokens a and b.
+        const int a = int(rng() % n), b = (a + 1) % n;
+        for (int r = 0; r < n; ++r)
+          if ((s == 1 && r != a) || (s == 2 && r != a && r != b)) u.row(r).setZero();
+        dirs.push_back(u / u.norm());
+      }
+      for (const Eigen::MatrixXd& u : dirs) {
+        const double d2 = SecondDerivativeMp(L, x, u).norm();
+        EXPECT_LE(d2 * (1 - 1e-9), bound + 1e-25) << "case " << t;  // 1e-25: the difference's rounding
+        best = std::max(best, d2);
+        ++checked;
+      }
+    }
+    within_10x += set.radius == 0 && best * 10 >= bound;
+  }
+  EXPECT_GT(checked, cases * 3);
+  EXPECT_GT(within_10x, 0);
+  EXPECT_GT(dot, 0);
+  EXPECT_GT(l2, 0);
+  EXPECT_GT(causal, 0);
 }
 
 }  // namespace
