@@ -11,6 +11,32 @@
 
 namespace lipcert {
 
+// ||sum_k w_ik (m_j - m_k)|| (norm q) for the midpoints m of `vals` and the floating weights
+// w >= 0, rounded up: taken as s_i m_j - (w m)_i (s_i = sum_k w_ik) in floating point, whose
+// rounding error is at most 4 gamma_{n+2} (s_i |m_j| + (w |m|)_i) entrywise plus underflow.
+static Eigen::MatrixXd AnchoredCentreUp(const IntervalMatrix& vals, const Eigen::MatrixXd& w, VectorNorm q) {
+  const int n = int(w.rows()), d = int(vals.mid.cols());
+  const Eigen::MatrixXd& m = vals.mid;
+  const Eigen::MatrixXd m_abs = m.cwiseAbs();
+  const Eigen::MatrixXd mean = w * m, mean_abs = w * m_abs;
+  const Eigen::VectorXd s = w.rowwise().sum();
+  Eigen::VectorXd m_norm(n), mean_abs_norm(n);
+  for (int k = 0; k < n; ++k) {
+    m_norm(k) = NormUpOfMagnitudes(m_abs.row(k).transpose(), q);
+    mean_abs_norm(k) = NormUpOfMagnitudes(mean_abs.row(k).transpose(), q);
+  }
+  const double g = MulUp(4.0, GammaUp(double(n) + 2));
+  const double underflow = MulUp(double(n + 4) * d, kEta);
+  Eigen::MatrixXd out(n, n);
+  Eigen::VectorXd v(d);
+  for (int i = 0; i < n; ++i)
+    for (int j = 0; j < n; ++j) {
+      v = (s(i) * m.row(j) - mean.row(i)).transpose().cwiseAbs();
+      out(i, j) = AddUp(NormUpOfMagnitudes(v, q), AddUp(MulUp(g, AddUp(MulUp(s(i), m_norm(j)), mean_abs_norm(i))), underflow));
+    }
+  return out;
+}
+
 HeadGeometry HeadGeometryAt(const AttentionLayer& L, int h, const Eigen::MatrixXd& zc, NormKind p) {
   HeadGeometry G;
   G.dot = L.kind == AttentionKind::kDot;
@@ -74,6 +100,14 @@ HeadGeometry HeadGeometryAt(const AttentionLayer& L, int h, const Eigen::MatrixX
   G.du = PairDistanceUp(G.u, PrimalNorm(p));
   G.u_norm = PrimalNorm(p);
   G.b_norm = DualNorm(p);
+  // The centre's softmax weights (midpoints of the certified ranges) and the spreads at them.
+  G.causal = L.causal;
+  Eigen::MatrixXd lo0, hi0, w_lo, w_hi;
+  LogitBox(G, Eigen::VectorXd::Zero(n), &lo0, &hi0);
+  SoftmaxRows(lo0, hi0, L.causal, &w_lo, &w_hi);
+  G.anchor_w = 0.5 * (w_lo + w_hi);
+  G.a_anchor = AnchoredCentreUp(G.u, G.anchor_w, G.u_norm);
+  G.b_anchor = AnchoredCentreUp(G.b, G.anchor_w, G.b_norm);
   return G;
 }
 
@@ -234,47 +268,30 @@ static double MaxOfPTimesOneMinusP(double lo, double hi) {
   return MulUp(x, SubUp(1.0, x));
 }
 
-// sup over the cover of ||sum_k P_ik (v_j - v_k)|| (in norm q) for rows v_k that move by at most
+// sup over the cover of ||sum_k P_ik (v_j - v_k)|| (norm q) for rows v_k that move by at most
 // c_move rho_k from the centre's enclosure `vals`, anchored at the centre's softmax weights w
-// (the midpoints of its rigorous ranges; any weights would do):
+// (G.anchor_w; any weights would do):
 //   sum_k P_k (v_j - v_k) = sum_k w_k (m_j - m_k) + sum_k (P_k - w_k)(m_j - m_k) + sum_k P_k (e_j - e_k),
 // m the enclosure's midpoints and ||e_k|| <= c_move rho_k + ||radius row k||. The first sum is
-// taken in floating point as s_i m_j - (w m)_i (s_i = sum_k w_ik) with its rounding error, at
-// most 4 gamma_{n+2} (s_i |m_j| + (w |m|)_i) entrywise plus underflow; the second is at most
-// sum_k max(p_hi - w, w - p_lo)_k dist_jk (dist >= ||m_j - m_k||); the third
-// delta_j + sup_P sum_k P_k delta_k. Exact at the centre up to rounding, where the mean
-// distance sum_k P_k ||v_j - v_k|| is not.
-static Eigen::MatrixXd AnchoredMeanDistanceUp(const HeadGeometry& G, const IntervalMatrix& vals, const Eigen::MatrixXd& dist,
-                                              double c_move, VectorNorm q, const Eigen::VectorXd& rho, bool causal,
-                                              const FactorBounds& F) {
-  const int n = int(rho.size()), d = int(vals.mid.cols());
-  Eigen::MatrixXd lo0, hi0, w_lo, w_hi;
-  LogitBox(G, Eigen::VectorXd::Zero(n), &lo0, &hi0);
-  SoftmaxRows(lo0, hi0, causal, &w_lo, &w_hi);
-  const Eigen::MatrixXd w = 0.5 * (w_lo + w_hi);  // masked entries 0
-  const Eigen::MatrixXd& m = vals.mid;
-  const Eigen::MatrixXd m_abs = m.cwiseAbs();
-  const Eigen::MatrixXd mean = w * m, mean_abs = w * m_abs;
-  const Eigen::VectorXd s = w.rowwise().sum();
-  Eigen::VectorXd m_norm(n), mean_abs_norm(n), delta(n);
-  for (int k = 0; k < n; ++k) {
-    m_norm(k) = NormUpOfMagnitudes(m_abs.row(k).transpose(), q);
-    mean_abs_norm(k) = NormUpOfMagnitudes(mean_abs.row(k).transpose(), q);
+// `centre` (AnchoredCentreUp), the second at most sum_k max(p_hi - w, w - p_lo)_k dist_jk
+// (dist >= ||m_j - m_k||), the third delta_j + sup_P sum_k P_k delta_k. Exact at the centre up
+// to rounding, where the mean distance sum_k P_k ||v_j - v_k|| is not.
+static Eigen::MatrixXd AnchoredMeanDistanceUp(const HeadGeometry& G, const IntervalMatrix& vals, const Eigen::MatrixXd& centre,
+                                              const Eigen::MatrixXd& dist, double c_move, VectorNorm q,
+                                              const Eigen::VectorXd& rho, bool causal, const FactorBounds& F) {
+  const int n = int(rho.size());
+  const Eigen::MatrixXd& w = G.anchor_w;
+  Eigen::VectorXd delta(n), dev(n);
+  for (int k = 0; k < n; ++k)
     delta(k) = AddUp(MulUp(c_move, rho(k)), NormUpOfMagnitudes(vals.rad.row(k).transpose(), q));
-  }
-  const double g = MulUp(4.0, GammaUp(double(n) + 2));
-  const double underflow = MulUp(double(n + 4) * d, kEta);
   Eigen::MatrixXd out = Eigen::MatrixXd::Zero(n, n);
-  Eigen::VectorXd dev(n);
   for (int i = 0; i < n; ++i) {
     const int len = causal ? i + 1 : n;
     const Eigen::VectorXd cap = F.p_hi.row(i).head(len).transpose();
     for (int k = 0; k < len; ++k) dev(k) = std::max({0.0, SubUp(F.p_hi(i, k), w(i, k)), SubUp(w(i, k), F.p_lo(i, k))});
     const double moved = SimplexWeightedSumUp(cap, delta.head(len), len);
     for (int j = 0; j < len; ++j) {
-      const Eigen::VectorXd v = (s(i) * m.row(j) - mean.row(i)).transpose();
-      double bound = NormUpOfMagnitudes(v.cwiseAbs(), q);
-      bound = AddUp(bound, AddUp(MulUp(g, AddUp(MulUp(s(i), m_norm(j)), mean_abs_norm(i))), underflow));
+      double bound = centre(i, j);
       for (int k = 0; k < len; ++k)
         if (k != j) bound = AddUp(bound, MulUp(dev(k), dist(j, k)));
       out(i, j) = AddUp(bound, AddUp(delta(j), moved));
@@ -303,8 +320,14 @@ FactorBounds HeadFactorBounds(const HeadGeometry& G, const Eigen::VectorXd& rho,
       if (!G.dot) dg(j, k) = AddUp(G.dg(j, k), MulUp(G.c_g, AddUp(rho(j), rho(k))));
     }
   for (int j = 0; j < n; ++j) du(j, j) = db(j, j) = dg(j, j) = 0;  // a token's distance to itself
-  const Eigen::MatrixXd a_anchored = AnchoredMeanDistanceUp(G, G.u, G.du, G.c_u, G.u_norm, rho, causal, F);
-  const Eigen::MatrixXd b_anchored = AnchoredMeanDistanceUp(G, G.b, G.db, G.c_b, G.b_norm, rho, causal, F);
+  // The anchored spreads need the centre's weights for the same mask (HeadGeometryAt's).
+  const bool anchored = G.causal == causal && G.anchor_w.rows() == n;
+  const Eigen::MatrixXd a_anchored =
+      anchored ? AnchoredMeanDistanceUp(G, G.u, G.a_anchor, G.du, G.c_u, G.u_norm, rho, causal, F)
+               : Eigen::MatrixXd::Constant(n, n, kInf);
+  const Eigen::MatrixXd b_anchored =
+      anchored ? AnchoredMeanDistanceUp(G, G.b, G.b_anchor, G.db, G.c_b, G.b_norm, rho, causal, F)
+               : Eigen::MatrixXd::Constant(n, n, kInf);
   for (int i = 0; i < n; ++i) {
     const int len = causal ? i + 1 : n;
     for (int j = 0; j < n; ++j) {
@@ -477,17 +500,14 @@ SecondOrderSplitHead SecondOrderSplitHeadUp(const HeadGeometry& G, const FactorB
   for (int i = 0; i < n; ++i) {
     const int len = causal ? i + 1 : n;
     const Eigen::VectorXd cap = F.p_hi.row(i).head(len).transpose(), a = F.a_sup.row(i).head(len).transpose();
-    const double a_max = a.maxCoeff();
-    const RowSpread spread = RowSpreadUp(G, F, rho, i, len);
-    const double beta = SqrtUp(spread.b2);
     // ab2 >= sum_j P_j ||a_j|| ||b_j||^2 and ab1 >= sum_j P_j ||a_j|| ||b_j|| (b_j: the query motion's spread).
     Eigen::VectorXd ab(len), ab_1(len);
     for (int j = 0; j < len; ++j) {
       ab_1(j) = MulUp(a(j), F.b_sup(i, j));
       ab(j) = MulUp(ab_1(j), F.b_sup(i, j));
     }
-    const double ab2 = std::min(SimplexWeightedSumUp(cap, ab, len), MulUp(a_max, MulUp(beta, beta)));
-    const double ab1 = std::min(SimplexWeightedSumUp(cap, ab_1, len), MulUp(a_max, beta));
+    const double ab2 = SimplexWeightedSumUp(cap, ab, len);
+    const double ab1 = SimplexWeightedSumUp(cap, ab_1, len);
     // star(k): the coefficient of x_i x_k (the row's query times key k's motion);
     // m(k) p(l): that of x_k x_l, k != l (two keys' motions).
     Eigen::VectorXd star(len), m(len), p(len);

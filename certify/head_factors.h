@@ -53,6 +53,11 @@ struct HeadGeometry {
   Interval inv_sqrt_dk;  // 1/sqrt(dk)
   VectorNorm u_norm = VectorNorm::kTwo;  // the norm of du (p) and of db, dg (its dual)
   VectorNorm b_norm = VectorNorm::kTwo;
+  // The centre's softmax weights w (midpoints of its certified ranges, 0 where masked by
+  // `causal`) and >= ||sum_k w_ik (m_j - m_k)|| for the midpoints m of u (a_anchor) and of
+  // b (b_anchor): the anchors of the factor bounds a_sup and b_sup.
+  bool causal = false;
+  Eigen::MatrixXd anchor_w, a_anchor, b_anchor;
 };
 
 // Head h's geometry at the centre zc (N, D) of the MHA input, for the engine norm p.
