@@ -496,7 +496,7 @@ SecondOrderSplitHead SecondOrderSplitHeadUp(const HeadGeometry& G, const FactorB
   SecondOrderSplitHead out;
   out.lin = Eigen::MatrixXd::Zero(n, n);
   // Row i's pair terms, x^T O_i x, one row of `pairs` per i (O_i flattened column-major).
-  Eigen::MatrixXd pairs = Eigen::MatrixXd::Zero(n, Eigen::Index(n) * n);
+  out.pairs = Eigen::MatrixXd::Zero(n, Eigen::Index(n) * n);
   for (int i = 0; i < n; ++i) {
     const int len = causal ? i + 1 : n;
     const Eigen::VectorXd cap = F.p_hi.row(i).head(len).transpose(), a = F.a_sup.row(i).head(len).transpose();
@@ -544,36 +544,38 @@ SecondOrderSplitHead SecondOrderSplitHeadUp(const HeadGeometry& G, const FactorB
         double o = MulUp(0.5, AddUp(MulUp(m(k), p(l)), MulUp(m(l), p(k))));
         if (k == i) o = AddUp(o, MulUp(0.5, star(l)));
         if (l == i) o = AddUp(o, MulUp(0.5, star(k)));
-        pairs(i, Eigen::Index(l) * n + k) = o;
+        out.pairs(i, Eigen::Index(l) * n + k) = o;
       }
   }
-  // sup over unit x of ||(x^T O_i x)_i||: with X = x x^T (||X||_F = 1), the vector is the
-  // matrix `pairs` times vec X, so its norm is at most sqrt(lambda_max(pairs pairs^T)).
-  // The Gram's entries are sums of n^2 nonnegative products: exact <= (fl + n^2 eta) / (1 - gamma_{n^2}).
-  const double terms = double(n) * n;
-  const Eigen::MatrixXd gram_fl = pairs * pairs.transpose();
-  const double shrink = SubDown(1.0, GammaUp(terms));
-  Eigen::MatrixXd gram(n, n);
-  for (int i = 0; i < n; ++i)
-    for (int l = 0; l < n; ++l) gram(i, l) = DivUp(AddUp(gram_fl(i, l), MulUp(terms, kEta)), shrink);
-  out.off = SqrtUp(SpectralRadiusUpperNonneg(gram).value());
   return out;
 }
 
 double SecondOrderSplitColumnsUp(const std::vector<SecondOrderSplitHead>& heads) {
   if (heads.empty()) return 0.0;
   const int n = int(heads[0].lin.cols());
-  Eigen::VectorXd columns = Eigen::VectorXd::Zero(n);
-  double off = 0;
+  // ||d^2 out_i|| <= sum_h ||d^2 out_i^h||: the heads' rows add up before the norm over rows.
+  Eigen::MatrixXd lin = Eigen::MatrixXd::Zero(n, n), pairs = Eigen::MatrixXd::Zero(n, Eigen::Index(n) * n);
   for (const SecondOrderSplitHead& h : heads) {
-    for (int j = 0; j < n; ++j) {
-      double s = 0;
-      for (int i = 0; i < n; ++i) s = AddUp(s, MulUp(h.lin(i, j), h.lin(i, j)));
-      columns(j) = AddUp(columns(j), SqrtUp(s));
-    }
-    off = AddUp(off, h.off);
+    for (Eigen::Index e = 0; e < lin.size(); ++e) lin.data()[e] = AddUp(lin.data()[e], h.lin.data()[e]);
+    for (Eigen::Index e = 0; e < pairs.size(); ++e) pairs.data()[e] = AddUp(pairs.data()[e], h.pairs.data()[e]);
   }
-  return AddUp(columns.maxCoeff(), off);
+  // Single tokens: ||lin t||_2 is convex on the simplex, so at most its largest column norm.
+  double column = 0;
+  for (int j = 0; j < n; ++j) {
+    double s = 0;
+    for (int i = 0; i < n; ++i) s = AddUp(s, MulUp(lin(i, j), lin(i, j)));
+    column = std::max(column, SqrtUp(s));
+  }
+  // Pairs: sup over unit x of ||(x^T O_i x)_i||. With X = x x^T (||X||_F = 1) the vector is
+  // `pairs` times vec X, so its norm is at most sqrt(lambda_max(pairs pairs^T)). The Gram's
+  // entries are sums of n^2 nonnegative products: exact <= (fl + n^2 eta) / (1 - gamma_{n^2}).
+  const double terms = double(n) * n;
+  const Eigen::MatrixXd gram_fl = pairs * pairs.transpose();
+  const double shrink = SubDown(1.0, GammaUp(terms));
+  Eigen::MatrixXd gram(n, n);
+  for (int i = 0; i < n; ++i)
+    for (int l = 0; l < n; ++l) gram(i, l) = DivUp(AddUp(gram_fl(i, l), MulUp(terms, kEta)), shrink);
+  return AddUp(column, SqrtUp(SpectralRadiusUpperNonneg(gram).value()));
 }
 
 double SecondOrderColumnsUp(const std::vector<SecondOrderHead>& heads) {

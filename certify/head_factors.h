@@ -123,20 +123,21 @@ SecondOrderHead SecondOrderHeadUp(const HeadGeometry& G, const FactorBounds& F, 
 double SecondOrderColumnsUp(const std::vector<SecondOrderHead>& heads);
 
 // Norm 2: the same second derivative with the products of two tokens' motions kept apart
-// from the squares (docs/engines.md, "Second-order variation: pair terms apart"). With
+// from the squares (docs/engines.md, "Pair terms apart"). With
 // x_k = ||U_k|| (x a unit vector, t = x^2 on the simplex),
 //   ||d^2 out_i|| <= sum_k lin(i, k) t_k + x^T O_i x,   O_i >= 0 with a zero diagonal,
 // lin holding what one token moving alone gives (its key, and for k = i its query), O_i the
-// products of the query's and the keys' motions and of two keys' motions. Then
-// ||d^2 out_h|| <= ||lin t||_2 + off with off >= sup_x ||(x^T O_i x)_i||_2.
+// products of the query's and the keys' motions and of two keys' motions (one head's share).
+// The heads add up row by row (||d^2 out_i|| <= sum_h ||d^2 out_i^h||), and the pairs' norm
+// is bounded over unit x by sqrt(lambda_max) of the Gram of the vec O_i (SecondOrderSplitColumnsUp).
 struct SecondOrderSplitHead {
-  Eigen::MatrixXd lin;  // (N x N), entries rounded up, zero beyond each row's keys
-  double off = kInf;
+  Eigen::MatrixXd lin;    // (N x N), entries rounded up, zero beyond each row's keys
+  Eigen::MatrixXd pairs;  // (N x N^2): row i is vec O_i (column-major), entries rounded up
 };
 SecondOrderSplitHead SecondOrderSplitHeadUp(const HeadGeometry& G, const FactorBounds& F, const Eigen::VectorXd& rho,
                                             bool causal);
 
-// >= max_j sum_h ||column j of lin_h||_2 + sum_h off_h.
+// >= max_j ||column j of sum_h lin_h||_2 + sqrt(lambda_max(P P^T)), P = sum_h pairs_h.
 double SecondOrderSplitColumnsUp(const std::vector<SecondOrderSplitHead>& heads);
 
 // >= ||P||_p for every attention matrix P below p_hi (rows on the simplex).
