@@ -28,12 +28,14 @@ double SecondOrderSupUp(const std::vector<HeadGeometry>& geo, const MhaInput& in
   const int heads = int(geo.size());
   std::vector<SecondOrderHead> per_head(heads);
   std::vector<SecondOrderSplitHead> split(heads);
+  std::vector<FactorBounds> factors(heads);
   ParallelFor(heads, WorkerCount(threads, heads), [&](int h, int) {
-    const FactorBounds F = full ? (*full)[h] : HeadFactorBounds(geo[h], rho, MulUp(in.joint_z, s), causal);
-    per_head[h] = SecondOrderHeadUp(geo[h], F, rho, causal);
-    split[h] = SecondOrderSplitHeadUp(geo[h], F, rho, causal);
+    factors[h] = full ? (*full)[h] : HeadFactorBounds(geo[h], rho, MulUp(in.joint_z, s), causal);
+    per_head[h] = SecondOrderHeadUp(geo[h], factors[h], rho, causal);
+    split[h] = SecondOrderSplitHeadUp(geo[h], factors[h], rho, causal);
   });
-  return std::min(SecondOrderColumnsUp(per_head), SecondOrderSplitColumnsUp(split));
+  auto own_query = [&](int j) { return OwnQuerySpreadUp(geo, factors, rho, causal, j, threads); };
+  return std::min(SecondOrderColumnsUp(per_head), SecondOrderSplitColumnsUp(split, own_query));
 }
 
 // The second-order variation (docs/engines.md, "Second-order variation"): along the segment

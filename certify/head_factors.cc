@@ -2,11 +2,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <vector>
 
+#include "certify/centre_norm.h"
 #include "certify/layer_norm_cover.h"
 #include "interval/elementary.h"
 #include "interval/norms.h"
+#include "interval/parallel.h"
 #include "interval/softmax.h"
 
 namespace lipcert {
@@ -497,6 +500,7 @@ SecondOrderSplitHead SecondOrderSplitHeadUp(const HeadGeometry& G, const FactorB
   out.lin = Eigen::MatrixXd::Zero(n, n);
   // Row i's pair terms, x^T O_i x, one row of `pairs` per i (O_i flattened column-major).
   out.pairs = Eigen::MatrixXd::Zero(n, Eigen::Index(n) * n);
+  out.query = Eigen::VectorXd::Zero(n);
   for (int i = 0; i < n; ++i) {
     const int len = causal ? i + 1 : n;
     const Eigen::VectorXd cap = F.p_hi.row(i).head(len).transpose(), a = F.a_sup.row(i).head(len).transpose();
@@ -538,6 +542,7 @@ SecondOrderSplitHead SecondOrderSplitHeadUp(const HeadGeometry& G, const FactorB
     }
     // The query alone (T1: ab2 x_i^2) and the row's own key with its query (star(i)).
     out.lin(i, i) = AddUp(out.lin(i, i), AddUp(ab2, star(i)));
+    out.query(i) = ab2;
     for (int k = 0; k < len; ++k)
       for (int l = 0; l < len; ++l) {
         if (k == l) continue;
@@ -550,7 +555,86 @@ SecondOrderSplitHead SecondOrderSplitHeadUp(const HeadGeometry& G, const FactorB
   return out;
 }
 
-double SecondOrderSplitColumnsUp(const std::vector<SecondOrderSplitHead>& heads) {
+QueryForm QuerySpreadFormUp(const HeadGeometry& G, const FactorBounds& F, const Eigen::VectorXd& rho, bool causal,
+                            int i) {
+  const int n = int(rho.size()), d = int(G.b.mid.cols());
+  const int len = causal ? i + 1 : n;
+  QueryForm out;
+  if (!G.dot || G.anchor_w.rows() != n || G.causal != causal) {  // the scalar bound, as an isotropic form
+    Eigen::VectorXd ab(len);
+    for (int j = 0; j < len; ++j) ab(j) = MulUp(F.a_sup(i, j), MulUp(F.b_sup(i, j), F.b_sup(i, j)));
+    out.iso = SimplexWeightedSumUp(F.p_hi.row(i).head(len).transpose(), ab, len);
+    return out;
+  }
+  // beta_j = b_j - bbar_i = sum_k P_k (b_j - b_k) = fl(s_i m_j - (w m)_i) + r_j over the cover, with
+  // ||r_j|| <= e_j: the floating sum's rounding (AnchoredCentreUp) plus sum_k |P_k - w_k| dist_jk
+  // and the keys' motion (AnchoredMeanDistanceUp).
+  const Eigen::MatrixXd& m = G.b.mid;
+  const Eigen::RowVectorXd w = G.anchor_w.row(i).head(len);
+  const double s = w.sum();
+  const Eigen::RowVectorXd mean = w * m.topRows(len), mean_abs = w * m.topRows(len).cwiseAbs();
+  const double g = MulUp(4.0, GammaUp(double(n) + 2)), underflow = MulUp(double(n + 4) * d, kEta);
+  const double mean_abs_norm = NormUpOfMagnitudes(mean_abs.transpose(), VectorNorm::kTwo);
+  Eigen::VectorXd delta(len), dev(len);
+  for (int k = 0; k < len; ++k) {
+    delta(k) = AddUp(MulUp(G.c_b, rho(k)), NormUpOfMagnitudes(G.b.rad.row(k).transpose(), VectorNorm::kTwo));
+    dev(k) = std::max({0.0, SubUp(F.p_hi(i, k), w(k)), SubUp(w(k), F.p_lo(i, k))});
+  }
+  const double moved = SimplexWeightedSumUp(F.p_hi.row(i).head(len).transpose(), delta, len);
+  out.rows.resize(len, d);
+  double err2 = 0;
+  for (int j = 0; j < len; ++j) {
+    const Eigen::RowVectorXd beta = s * m.row(j) - mean;
+    double e = AddUp(MulUp(g, AddUp(MulUp(s, NormUpOfMagnitudes(m.row(j).cwiseAbs().transpose(), VectorNorm::kTwo)),
+                                     mean_abs_norm)),
+                     underflow);
+    for (int k = 0; k < len; ++k)
+      if (k != j) e = AddUp(e, MulUp(dev(k), G.db(j, k)));
+    e = AddUp(e, AddUp(delta(j), moved));
+    // (beta . U)^2 <= (1 + theta)(fl beta . U)^2 + (1 + 1/theta) e^2, theta = e / ||fl beta||;
+    // P_j ||a_j|| <= pa(i, j).
+    const double c = F.pa(i, j);
+    const double beta_norm = NormUpOfMagnitudes(beta.cwiseAbs().transpose(), VectorNorm::kTwo);
+    if (!(beta_norm > 0) || !(e < beta_norm)) {  // a direction worth nothing: isotropic
+      out.rows.row(j).setZero();
+      out.iso = AddUp(out.iso, MulUp(c, MulUp(AddUp(beta_norm, e), AddUp(beta_norm, e))));
+      continue;
+    }
+    const double theta = DivUp(e, beta_norm * (1 - 1e-15));
+    out.rows.row(j) = SqrtUp(MulUp(c, AddUp(1.0, theta))) * beta;
+    out.iso = AddUp(out.iso, MulUp(c, MulUp(AddUp(1.0, DivUp(beta_norm, e)), MulUp(e, e))));
+    // The row's own product rounding: at most u per entry.
+    const double row_norm = NormUpOfMagnitudes(out.rows.row(j).cwiseAbs().transpose(), VectorNorm::kTwo);
+    err2 = AddUp(err2, MulUp(MulUp(row_norm, kUnitRoundoff), MulUp(row_norm, kUnitRoundoff)));
+  }
+  out.err = MulUp(SqrtUp(err2), 1.0 + 1e-10);
+  return out;
+}
+
+double OwnQuerySpreadUp(const std::vector<HeadGeometry>& geo, const std::vector<FactorBounds>& factors,
+                        const Eigen::VectorXd& rho, bool causal, int j, int threads) {
+  const int heads = int(geo.size());
+  std::vector<QueryForm> forms(heads);
+  ParallelFor(heads, WorkerCount(threads, heads),
+              [&](int h, int) { forms[h] = QuerySpreadFormUp(geo[h], factors[h], rho, causal, j); });
+  Eigen::Index rows = 0;
+  for (const QueryForm& f : forms) rows += f.rows.rows();
+  Eigen::MatrixXd stacked(rows, geo[0].b.mid.cols());
+  double err2 = 0, iso = 0;
+  rows = 0;
+  for (const QueryForm& f : forms) {
+    if (f.rows.rows() > 0) stacked.middleRows(rows, f.rows.rows()) = f.rows;
+    rows += f.rows.rows();
+    err2 = AddUp(err2, MulUp(f.err, f.err));
+    iso = AddUp(iso, f.iso);
+  }
+  const double norm = rows > 0 ? NormL2UpperGram(IntervalMatrix::Point(stacked), threads).value() : 0.0;
+  const double r = AddUp(norm, SqrtUp(err2));
+  return AddUp(MulUp(r, r), iso);
+}
+
+double SecondOrderSplitColumnsUp(const std::vector<SecondOrderSplitHead>& heads,
+                                 const std::function<double(int)>& own_query) {
   if (heads.empty()) return 0.0;
   const int n = int(heads[0].lin.cols());
   // ||d^2 out_i|| <= sum_h ||d^2 out_i^h||: the heads' rows add up before the norm over rows.
@@ -560,11 +644,34 @@ double SecondOrderSplitColumnsUp(const std::vector<SecondOrderSplitHead>& heads)
     for (Eigen::Index e = 0; e < pairs.size(); ++e) pairs.data()[e] = AddUp(pairs.data()[e], h.pairs.data()[e]);
   }
   // Single tokens: ||lin t||_2 is convex on the simplex, so at most its largest column norm.
-  double column = 0;
+  Eigen::VectorXd norms(n);
   for (int j = 0; j < n; ++j) {
     double s = 0;
     for (int i = 0; i < n; ++i) s = AddUp(s, MulUp(lin(i, j), lin(i, j)));
-    column = std::max(column, SqrtUp(s));
+    norms(j) = SqrtUp(s);
+  }
+  double column = norms.maxCoeff();
+  if (own_query) {
+    // The largest columns again, with the moving token's own query spread as one form over
+    // all heads (own_query(j) >= it) in place of the heads' scalar ab2 summed: while a
+    // column's scalar norm is above the best refined one, at most kRefined columns.
+    constexpr int kRefined = 8;
+    std::vector<int> order(n);
+    for (int j = 0; j < n; ++j) order[j] = j;
+    std::sort(order.begin(), order.end(), [&](int a, int b) { return norms(a) > norms(b); });
+    double best = 0;
+    int t = 0;
+    for (; t < n && t < kRefined && norms(order[t]) > best; ++t) {
+      const int j = order[t];
+      double query = 0;  // rounded down: lin(j, j) - query stays above the rest of the entry
+      for (const SecondOrderSplitHead& h : heads) query = AddDown(query, h.query(j));
+      const double own = std::min(lin(j, j), AddUp(SubUp(lin(j, j), query), own_query(j)));
+      double s = MulUp(own, own);
+      for (int i = 0; i < n; ++i)
+        if (i != j) s = AddUp(s, MulUp(lin(i, j), lin(i, j)));
+      best = std::max(best, std::min(norms(j), SqrtUp(s)));
+    }
+    column = t < n ? std::max(best, norms(order[t])) : best;
   }
   // Pairs: sup over unit x of ||(x^T O_i x)_i||. With X = x x^T (||X||_F = 1) the vector is
   // `pairs` times vec X, so its norm is at most sqrt(lambda_max(pairs pairs^T)). The Gram's

@@ -16,6 +16,7 @@
 
 #include <Eigen/Dense>
 
+#include <functional>
 #include <vector>
 
 #include "certify/input_set.h"
@@ -133,12 +134,33 @@ double SecondOrderColumnsUp(const std::vector<SecondOrderHead>& heads);
 struct SecondOrderSplitHead {
   Eigen::MatrixXd lin;    // (N x N), entries rounded up, zero beyond each row's keys
   Eigen::MatrixXd pairs;  // (N x N^2): row i is vec O_i (column-major), entries rounded up
+  Eigen::VectorXd query;  // row i's share of lin(i, i) from its query's spread (ab2)
 };
+
+// Norm 2: row i's query spread as a quadratic form in the row's own motion U (unit), over the
+// cover: sum_j P_ij ||a_ij|| ((b_j - bbar_i) . U)^2 <= (||rows U|| + err)^2 + iso, rows floating
+// (len x D). Dot heads keep the directions (b_j - bbar_i anchored at the centre's weights);
+// others give the scalar ab2 as iso. Summed over heads before the largest eigenvalue, this
+// replaces the sum of the heads' scalar ab2 in the moving token's own row.
+struct QueryForm {
+  Eigen::MatrixXd rows;
+  double err = 0, iso = 0;
+};
+QueryForm QuerySpreadFormUp(const HeadGeometry& G, const FactorBounds& F, const Eigen::VectorXd& rho, bool causal,
+                            int i);
+// >= sup over unit U of the sum over heads of token j's own query spread: the heads' forms
+// stacked, (||[rows_h]||_2 + sqrt(sum_h err_h^2))^2 + sum_h iso_h (the norm certified by
+// NormL2UpperGram).
+double OwnQuerySpreadUp(const std::vector<HeadGeometry>& geo, const std::vector<FactorBounds>& factors,
+                        const Eigen::VectorXd& rho, bool causal, int j, int threads);
 SecondOrderSplitHead SecondOrderSplitHeadUp(const HeadGeometry& G, const FactorBounds& F, const Eigen::VectorXd& rho,
                                             bool causal);
 
 // >= max_j ||column j of sum_h lin_h||_2 + sqrt(lambda_max(P P^T)), P = sum_h pairs_h.
-double SecondOrderSplitColumnsUp(const std::vector<SecondOrderSplitHead>& heads);
+// With own_query (own_query(j) >= the moving token's own query spread over all heads, e.g.
+// from QuerySpreadFormUp), the largest columns are refined with it.
+double SecondOrderSplitColumnsUp(const std::vector<SecondOrderSplitHead>& heads,
+                                 const std::function<double(int)>& own_query = nullptr);
 
 // >= ||P||_p for every attention matrix P below p_hi (rows on the simplex).
 double ProbabilityNormUp(const Eigen::MatrixXd& p_hi, NormKind p);

@@ -188,7 +188,7 @@ TEST(HeadFactorsTest, SplitSecondOrderBoundsTheSecondDerivative) {
   std::mt19937_64 rng(20261206);
   std::normal_distribution<double> gauss(0.0, 1.0);
   const int cases = int(50 * TestScale());
-  int checked = 0, within_10x = 0, dot = 0, l2 = 0, causal = 0;
+  int checked = 0, within_10x = 0, dot = 0, l2 = 0, causal = 0, refined = 0;
   for (int t = 0; t < cases; ++t) {
     AttentionLayer L = RandomLayer(rng);
     L.layer_norm.reset();
@@ -202,12 +202,21 @@ TEST(HeadFactorsTest, SplitSecondOrderBoundsTheSecondDerivative) {
     causal += L.causal;
     const MhaInput in = MhaInputOver(L, CoverOf(set), NormKind::kL2);
     std::vector<SecondOrderSplitHead> heads;
+    std::vector<HeadGeometry> geo;
+    std::vector<FactorBounds> factors;
     for (int h = 0; h < L.heads; ++h) {
-      const HeadGeometry G = HeadGeometryAt(L, h, in.zc, NormKind::kL2);
-      heads.push_back(SecondOrderSplitHeadUp(G, HeadFactorBounds(G, in.rho_z, in.joint_z, L.causal), in.rho_z, L.causal));
+      geo.push_back(HeadGeometryAt(L, h, in.zc, NormKind::kL2));
+      factors.push_back(HeadFactorBounds(geo.back(), in.rho_z, in.joint_z, L.causal));
+      heads.push_back(SecondOrderSplitHeadUp(geo.back(), factors.back(), in.rho_z, L.causal));
     }
-    const double bound = SecondOrderSplitColumnsUp(heads);
+    // With the moving token's own query spread as one form over the heads (the engines' way);
+    // never above the plain one.
+    const double plain = SecondOrderSplitColumnsUp(heads);
+    const double bound = SecondOrderSplitColumnsUp(
+        heads, [&](int j) { return OwnQuerySpreadUp(geo, factors, in.rho_z, L.causal, j, 1); });
     ASSERT_TRUE(std::isfinite(bound)) << "case " << t;
+    EXPECT_LE(bound, plain) << "case " << t;
+    refined += bound < plain;
     std::vector<Eigen::MatrixXd> points = set.radius == 0 ? std::vector<Eigen::MatrixXd>{set.center} : CoverPoints(rng, set, 2);
     double best = 0;
     for (const Eigen::MatrixXd& x : points) {
@@ -235,6 +244,7 @@ TEST(HeadFactorsTest, SplitSecondOrderBoundsTheSecondDerivative) {
   EXPECT_GT(dot, 0);
   EXPECT_GT(l2, 0);
   EXPECT_GT(causal, 0);
+  EXPECT_GT(refined, 0);
 }
 
 }  // namespace
