@@ -182,7 +182,9 @@ Eigen::MatrixXd SecondDerivativeMp(const AttentionLayer& L, const Eigen::MatrixX
 // heads, bounds ||d^2 f(X)[U, U]||_F for unit U at every point X of the set, dot and l2
 // layers with sharp softmax rows, causal masks included: U random, on one token, and on
 // two tokens (where the pair terms live). It is within 10x of a sampled direction on
-// some point sets (radius 0), so it is not vacuous.
+// some point sets (radius 0), so it is not vacuous. The same with the moving token's own
+// query spread as one form over the heads (OwnQuerySpreadUp, as the engines use it), which
+// is never above the plain bound and below it on some cases.
 TEST(HeadFactorsTest, SplitSecondOrderBoundsTheSecondDerivative) {
   mpfr::mpreal::set_default_prec(256);
   std::mt19937_64 rng(20261206);
