@@ -18,9 +18,10 @@ namespace lipcert {
 namespace {
 constexpr const char* kEngine = "centred";
 
-// sup ||D^2 out[U, U]|| over unit U and the z-cover scaled by s about zc (norm 2):
-// max_j sum_h ||column j of L_h|| + sum_h cross_h (SecondOrderHeadUp). With F given, the
-// heads' factor bounds over the full cover (s = 1).
+// sup ||D^2 out[U, U]|| over unit U and the z-cover scaled by s about zc (norm 2): the smaller
+// of the forms' bound (SecondOrderHeadUp: max_j sum_h ||column j of L_h|| + sum_h cross_h)
+// and the pairs-apart bound (SecondOrderSplitHeadUp, the moving token's own query as one
+// form over the heads). With F given, the heads' factor bounds over the full cover (s = 1).
 double SecondOrderSupUp(const std::vector<HeadGeometry>& geo, const MhaInput& in, bool causal, double s, int threads,
                         const std::vector<FactorBounds>* full = nullptr) {
   Eigen::VectorXd rho = in.rho_z;
@@ -112,8 +113,8 @@ CentredVariation CentredVariationBound(const AttentionLayer& L, const TokenCover
   // Row sums of the block bounds of J(X) - J(X0) (columns scaled by ell), with the rows of
   // dP and P0 on the simplex (see SimplexWeightedSumUp).
   Eigen::VectorXd row_sum = Eigen::VectorXd::Zero(n);
-  // Second order (norm 2): sup ||J_M(z) - J_M(zc)|| <= joint_z sup ||D^2 out||, and
-  // ||D^2 out[U, U]|| <= max_j sum_h ||column j of L_h|| + sum_h cross_h over the cover.
+  // Second order (norm 2): sup ||J_M(z) - J_M(zc)|| <= joint_z sup ||D^2 out||, with
+  // ||D^2 out[U, U]|| bounded over the cover by SecondOrderSupUp.
   const bool second_order = p == NormKind::kL2 && std::isfinite(in.joint_z);
   std::vector<FactorBounds> over_cover;  // per head, for the second order at s = 1
   for (int h = 0; h < L.heads; ++h) {

@@ -14,9 +14,16 @@
 
 namespace lipcert {
 
+// The rounding of the anchor fl(s_i m_j - (w m)_i) (s_i = sum_k w_ik, weights w >= 0, n
+// tokens, width d) against its exact value, in a norm: at most 4 gamma_{n+2} (s_i |m_j| +
+// (w |m|)_i) entrywise plus underflow, so 4 gamma_{n+2} (s_i ||m_j|| + ||(w |m|)_i||) + (n + 4) d eta.
+static double AnchorRoundingUp(double s, double m_norm, double mean_abs_norm, int n, int d) {
+  const double g = MulUp(4.0, GammaUp(double(n) + 2));
+  return AddUp(MulUp(g, AddUp(MulUp(s, m_norm), mean_abs_norm)), MulUp(double(n + 4) * d, kEta));
+}
+
 // ||sum_k w_ik (m_j - m_k)|| (norm q) for the midpoints m of `vals` and the floating weights
-// w >= 0, rounded up: taken as s_i m_j - (w m)_i (s_i = sum_k w_ik) in floating point, whose
-// rounding error is at most 4 gamma_{n+2} (s_i |m_j| + (w |m|)_i) entrywise plus underflow.
+// w >= 0, rounded up: the norm of fl(s_i m_j - (w m)_i) plus AnchorRoundingUp.
 static Eigen::MatrixXd AnchoredCentreUp(const IntervalMatrix& vals, const Eigen::MatrixXd& w, VectorNorm q) {
   const int n = int(w.rows()), d = int(vals.mid.cols());
   const Eigen::MatrixXd& m = vals.mid;
@@ -28,14 +35,12 @@ static Eigen::MatrixXd AnchoredCentreUp(const IntervalMatrix& vals, const Eigen:
     m_norm(k) = NormUpOfMagnitudes(m_abs.row(k).transpose(), q);
     mean_abs_norm(k) = NormUpOfMagnitudes(mean_abs.row(k).transpose(), q);
   }
-  const double g = MulUp(4.0, GammaUp(double(n) + 2));
-  const double underflow = MulUp(double(n + 4) * d, kEta);
   Eigen::MatrixXd out(n, n);
   Eigen::VectorXd v(d);
   for (int i = 0; i < n; ++i)
     for (int j = 0; j < n; ++j) {
       v = (s(i) * m.row(j) - mean.row(i)).transpose().cwiseAbs();
-      out(i, j) = AddUp(NormUpOfMagnitudes(v, q), AddUp(MulUp(g, AddUp(MulUp(s(i), m_norm(j)), mean_abs_norm(i))), underflow));
+      out(i, j) = AddUp(NormUpOfMagnitudes(v, q), AnchorRoundingUp(s(i), m_norm(j), mean_abs_norm(i), n, d));
     }
   return out;
 }
@@ -271,34 +276,42 @@ static double MaxOfPTimesOneMinusP(double lo, double hi) {
   return MulUp(x, SubUp(1.0, x));
 }
 
-// sup over the cover of ||sum_k P_ik (v_j - v_k)|| (norm q) for rows v_k that move by at most
-// c_move rho_k from the centre's enclosure `vals`, anchored at the centre's softmax weights w
-// (G.anchor_w; any weights would do):
+// Row i, over the cover: how far sum_k P_ik (v_j - v_k) (norm q) can be from the anchor
+// sum_k w_ik (m_j - m_k), for rows v_k that move by at most c_move rho_k from the centre's
+// enclosure `vals` (m its midpoints, w = G.anchor_w; any weights would do). From
 //   sum_k P_k (v_j - v_k) = sum_k w_k (m_j - m_k) + sum_k (P_k - w_k)(m_j - m_k) + sum_k P_k (e_j - e_k),
-// m the enclosure's midpoints and ||e_k|| <= c_move rho_k + ||radius row k||. The first sum is
-// `centre` (AnchoredCentreUp), the second at most sum_k max(p_hi - w, w - p_lo)_k dist_jk
-// (dist >= ||m_j - m_k||), the third delta_j + sup_P sum_k P_k delta_k. Exact at the centre up
-// to rounding, where the mean distance sum_k P_k ||v_j - v_k|| is not.
+// ||e_k|| <= delta_k = c_move rho_k + ||radius row k||, the excess of key j is at most
+// sum_k max(p_hi - w, w - p_lo)_k dist_jk + delta_j + sup_P sum_k P_k delta_k (dist >= ||m_j - m_k||).
+static Eigen::VectorXd AnchorExcessUp(const HeadGeometry& G, const IntervalMatrix& vals, const Eigen::MatrixXd& dist,
+                                      double c_move, VectorNorm q, const Eigen::VectorXd& rho, bool causal,
+                                      const FactorBounds& F, int i) {
+  const int len = causal ? i + 1 : int(rho.size());
+  Eigen::VectorXd delta(len), dev(len), out(len);
+  for (int k = 0; k < len; ++k) {
+    delta(k) = AddUp(MulUp(c_move, rho(k)), NormUpOfMagnitudes(vals.rad.row(k).transpose(), q));
+    dev(k) = std::max({0.0, SubUp(F.p_hi(i, k), G.anchor_w(i, k)), SubUp(G.anchor_w(i, k), F.p_lo(i, k))});
+  }
+  const double moved = SimplexWeightedSumUp(F.p_hi.row(i).head(len).transpose(), delta, len);
+  for (int j = 0; j < len; ++j) {
+    double e = AddUp(delta(j), moved);
+    for (int k = 0; k < len; ++k)
+      if (k != j) e = AddUp(e, MulUp(dev(k), dist(j, k)));
+    out(j) = e;
+  }
+  return out;
+}
+
+// sup over the cover of ||sum_k P_ik (v_j - v_k)||: the anchor `centre` (AnchoredCentreUp)
+// plus AnchorExcessUp. Exact at the centre up to rounding, where the mean distance
+// sum_k P_k ||v_j - v_k|| is not.
 static Eigen::MatrixXd AnchoredMeanDistanceUp(const HeadGeometry& G, const IntervalMatrix& vals, const Eigen::MatrixXd& centre,
                                               const Eigen::MatrixXd& dist, double c_move, VectorNorm q,
                                               const Eigen::VectorXd& rho, bool causal, const FactorBounds& F) {
   const int n = int(rho.size());
-  const Eigen::MatrixXd& w = G.anchor_w;
-  Eigen::VectorXd delta(n), dev(n);
-  for (int k = 0; k < n; ++k)
-    delta(k) = AddUp(MulUp(c_move, rho(k)), NormUpOfMagnitudes(vals.rad.row(k).transpose(), q));
   Eigen::MatrixXd out = Eigen::MatrixXd::Zero(n, n);
   for (int i = 0; i < n; ++i) {
-    const int len = causal ? i + 1 : n;
-    const Eigen::VectorXd cap = F.p_hi.row(i).head(len).transpose();
-    for (int k = 0; k < len; ++k) dev(k) = std::max({0.0, SubUp(F.p_hi(i, k), w(i, k)), SubUp(w(i, k), F.p_lo(i, k))});
-    const double moved = SimplexWeightedSumUp(cap, delta.head(len), len);
-    for (int j = 0; j < len; ++j) {
-      double bound = centre(i, j);
-      for (int k = 0; k < len; ++k)
-        if (k != j) bound = AddUp(bound, MulUp(dev(k), dist(j, k)));
-      out(i, j) = AddUp(bound, AddUp(delta(j), moved));
-    }
+    const Eigen::VectorXd excess = AnchorExcessUp(G, vals, dist, c_move, q, rho, causal, F, i);
+    for (Eigen::Index j = 0; j < excess.size(); ++j) out(i, j) = AddUp(centre(i, j), excess(j));
   }
   return out;
 }
@@ -388,6 +401,17 @@ RowSpread RowSpreadUp(const HeadGeometry& G, const FactorBounds& F, const Eigen:
   return out;
 }
 
+// >= sum_j P_ij ||a_ij|| ||b_ij||^power over the cover (power 1 or 2): P_i on the simplex below
+// p_hi, ||a_ij|| <= a_sup, ||b_ij|| <= b_sup (the query motion's spread).
+static double QueryMomentUp(const FactorBounds& F, int i, int len, int power) {
+  Eigen::VectorXd c(len);
+  for (int j = 0; j < len; ++j) {
+    c(j) = MulUp(F.a_sup(i, j), F.b_sup(i, j));
+    if (power == 2) c(j) = MulUp(c(j), F.b_sup(i, j));
+  }
+  return SimplexWeightedSumUp(F.p_hi.row(i).head(len).transpose(), c, len);
+}
+
 // max of P (1 - 2P)^+ over lo <= P <= hi (rounded up; its peak is 1/8 at P = 1/4).
 static double MaxOfPTimesOneMinusTwoP(double lo, double hi) {
   const double x = std::clamp(0.25, lo, hi);
@@ -410,10 +434,8 @@ SecondOrderHead SecondOrderHeadUp(const HeadGeometry& G, const FactorBounds& F, 
     for (int k = 0; k < len; ++k) gamma2(k) = MulUp(F.g_sup(i, k), F.g_sup(i, k));
     const double gamma_max = F.g_sup.row(i).head(len).maxCoeff();
     // a_bar >= sum_j P_ij ||a_ij||, ab2 >= sum_j P_ij ||a_ij|| ||b_ij||^2.
-    Eigen::VectorXd ab(len);
-    for (int j = 0; j < len; ++j) ab(j) = MulUp(a(j), MulUp(F.b_sup(i, j), F.b_sup(i, j)));
     const double a_bar = SimplexWeightedSumUp(cap, a, len);
-    const double ab2 = std::min(SimplexWeightedSumUp(cap, ab, len), MulUp(a_max, MulUp(beta, beta)));
+    const double ab2 = std::min(QueryMomentUp(F, i, len, 2), MulUp(a_max, MulUp(beta, beta)));
     // Var_i(y) <= sum_j P_ij y_j^2, and also <= 2 sum_j P_ij (1 - P_ij) y_j^2 (from
     // Var = 1/2 sum_jk P_ij P_ik (y_j - y_k)^2); the row takes the smaller weights.
     Eigen::VectorXd w_p = cap, w_q(len);
@@ -505,13 +527,8 @@ SecondOrderSplitHead SecondOrderSplitHeadUp(const HeadGeometry& G, const FactorB
     const int len = causal ? i + 1 : n;
     const Eigen::VectorXd cap = F.p_hi.row(i).head(len).transpose(), a = F.a_sup.row(i).head(len).transpose();
     // ab2 >= sum_j P_j ||a_j|| ||b_j||^2 and ab1 >= sum_j P_j ||a_j|| ||b_j|| (b_j: the query motion's spread).
-    Eigen::VectorXd ab(len), ab_1(len);
-    for (int j = 0; j < len; ++j) {
-      ab_1(j) = MulUp(a(j), F.b_sup(i, j));
-      ab(j) = MulUp(ab_1(j), F.b_sup(i, j));
-    }
-    const double ab2 = SimplexWeightedSumUp(cap, ab, len);
-    const double ab1 = SimplexWeightedSumUp(cap, ab_1, len);
+    const double ab2 = QueryMomentUp(F, i, len, 2);
+    const double ab1 = QueryMomentUp(F, i, len, 1);
     // star(k): the coefficient of x_i x_k (the row's query times key k's motion);
     // m(k) p(l): that of x_k x_l, k != l (two keys' motions).
     Eigen::VectorXd star(len), m(len), p(len);
@@ -560,37 +577,24 @@ QueryForm QuerySpreadFormUp(const HeadGeometry& G, const FactorBounds& F, const 
   const int n = int(rho.size()), d = int(G.b.mid.cols());
   const int len = causal ? i + 1 : n;
   QueryForm out;
-  if (!G.dot || G.anchor_w.rows() != n || G.causal != causal) {  // the scalar bound, as an isotropic form
-    Eigen::VectorXd ab(len);
-    for (int j = 0; j < len; ++j) ab(j) = MulUp(F.a_sup(i, j), MulUp(F.b_sup(i, j), F.b_sup(i, j)));
-    out.iso = SimplexWeightedSumUp(F.p_hi.row(i).head(len).transpose(), ab, len);
+  if (!G.dot || G.anchor_w.rows() != n || G.causal != causal) {
+    out.iso = kInf;  // no form: the scalar bound stands
     return out;
   }
-  // beta_j = b_j - bbar_i = sum_k P_k (b_j - b_k) = fl(s_i m_j - (w m)_i) + r_j over the cover, with
-  // ||r_j|| <= e_j: the floating sum's rounding (AnchoredCentreUp) plus sum_k |P_k - w_k| dist_jk
-  // and the keys' motion (AnchoredMeanDistanceUp).
+  // b_j - bbar_i = fl(s_i m_j - (w m)_i) + r_j over the cover, with ||r_j|| <= e_j: the
+  // anchor's rounding plus its excess over the cover (as for b_sup).
   const Eigen::MatrixXd& m = G.b.mid;
   const Eigen::RowVectorXd w = G.anchor_w.row(i).head(len);
   const double s = w.sum();
   const Eigen::RowVectorXd mean = w * m.topRows(len), mean_abs = w * m.topRows(len).cwiseAbs();
-  const double g = MulUp(4.0, GammaUp(double(n) + 2)), underflow = MulUp(double(n + 4) * d, kEta);
   const double mean_abs_norm = NormUpOfMagnitudes(mean_abs.transpose(), VectorNorm::kTwo);
-  Eigen::VectorXd delta(len), dev(len);
-  for (int k = 0; k < len; ++k) {
-    delta(k) = AddUp(MulUp(G.c_b, rho(k)), NormUpOfMagnitudes(G.b.rad.row(k).transpose(), VectorNorm::kTwo));
-    dev(k) = std::max({0.0, SubUp(F.p_hi(i, k), w(k)), SubUp(w(k), F.p_lo(i, k))});
-  }
-  const double moved = SimplexWeightedSumUp(F.p_hi.row(i).head(len).transpose(), delta, len);
+  const Eigen::VectorXd excess = AnchorExcessUp(G, G.b, G.db, G.c_b, VectorNorm::kTwo, rho, causal, F, i);
   out.rows.resize(len, d);
   double err2 = 0;
   for (int j = 0; j < len; ++j) {
     const Eigen::RowVectorXd beta = s * m.row(j) - mean;
-    double e = AddUp(MulUp(g, AddUp(MulUp(s, NormUpOfMagnitudes(m.row(j).cwiseAbs().transpose(), VectorNorm::kTwo)),
-                                     mean_abs_norm)),
-                     underflow);
-    for (int k = 0; k < len; ++k)
-      if (k != j) e = AddUp(e, MulUp(dev(k), G.db(j, k)));
-    e = AddUp(e, AddUp(delta(j), moved));
+    const double m_norm = NormUpOfMagnitudes(m.row(j).cwiseAbs().transpose(), VectorNorm::kTwo);
+    const double e = AddUp(AnchorRoundingUp(s, m_norm, mean_abs_norm, n, d), excess(j));
     // (beta . U)^2 <= (1 + theta)(fl beta . U)^2 + (1 + 1/theta) e^2, theta = e / ||fl beta||;
     // P_j ||a_j|| <= pa(i, j).
     const double c = F.pa(i, j);
@@ -618,7 +622,10 @@ double OwnQuerySpreadUp(const std::vector<HeadGeometry>& geo, const std::vector<
   ParallelFor(heads, WorkerCount(threads, heads),
               [&](int h, int) { forms[h] = QuerySpreadFormUp(geo[h], factors[h], rho, causal, j); });
   Eigen::Index rows = 0;
-  for (const QueryForm& f : forms) rows += f.rows.rows();
+  for (const QueryForm& f : forms) {
+    if (!std::isfinite(f.iso)) return kInf;  // a head without a form: nothing to refine
+    rows += f.rows.rows();
+  }
   Eigen::MatrixXd stacked(rows, geo[0].b.mid.cols());
   double err2 = 0, iso = 0;
   rows = 0;

@@ -139,9 +139,10 @@ struct SecondOrderSplitHead {
 
 // Norm 2: row i's query spread as a quadratic form in the row's own motion U (unit), over the
 // cover: sum_j P_ij ||a_ij|| ((b_j - bbar_i) . U)^2 <= (||rows U|| + err)^2 + iso, rows floating
-// (len x D). Dot heads keep the directions (b_j - bbar_i anchored at the centre's weights);
-// others give the scalar ab2 as iso. Summed over heads before the largest eigenvalue, this
-// replaces the sum of the heads' scalar ab2 in the moving token's own row.
+// (len x D), with the directions b_j - bbar_i anchored at the centre's weights. Dot heads
+// only: other heads give iso = +inf (no form; the scalar ab2 stands). Summed over heads
+// before the largest eigenvalue, this replaces the heads' scalar ab2 in the moving token's
+// own row.
 struct QueryForm {
   Eigen::MatrixXd rows;
   double err = 0, iso = 0;
@@ -150,7 +151,7 @@ QueryForm QuerySpreadFormUp(const HeadGeometry& G, const FactorBounds& F, const 
                             int i);
 // >= sup over unit U of the sum over heads of token j's own query spread: the heads' forms
 // stacked, (||[rows_h]||_2 + sqrt(sum_h err_h^2))^2 + sum_h iso_h (the norm certified by
-// NormL2UpperGram).
+// NormL2UpperGram); +inf when a head has no form.
 double OwnQuerySpreadUp(const std::vector<HeadGeometry>& geo, const std::vector<FactorBounds>& factors,
                         const Eigen::VectorXd& rho, bool causal, int j, int threads);
 SecondOrderSplitHead SecondOrderSplitHeadUp(const HeadGeometry& G, const FactorBounds& F, const Eigen::VectorXd& rho,

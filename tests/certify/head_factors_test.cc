@@ -106,6 +106,17 @@ TEST(HeadFactorsTest, BallProbabilityRangesAreFirstOrderTight) {
   EXPECT_GE(checked, 50);
 }
 
+// A random layer without LayerNorm, its query and key weights scaled by 1 to 4 for sharp
+// softmax rows (l2: wk == wq).
+AttentionLayer SharpLayerWithoutLayerNorm(std::mt19937_64& rng) {
+  AttentionLayer L = RandomLayer(rng);
+  L.layer_norm.reset();
+  const double sharp = 1.0 + 3.0 * std::uniform_real_distribution<double>(0.0, 1.0)(rng);
+  L.wq *= sharp;
+  L.wk *= sharp;
+  return L;
+}
+
 // Points of the set: samples inside and on the boundary, and the whole radius on one token.
 std::vector<Eigen::MatrixXd> CoverPoints(std::mt19937_64& rng, const InputSet& set, int samples) {
   std::normal_distribution<double> gauss(0.0, 1.0);
@@ -128,11 +139,7 @@ TEST(HeadFactorsTest, ValueAndQuerySpreadsHoldOverTheSet) {
   const int cases = int(60 * TestScale());
   int checked = 0, dot = 0, l2 = 0;
   for (int t = 0; t < cases; ++t) {
-    AttentionLayer L = RandomLayer(rng);
-    L.layer_norm.reset();
-    const double sharp = 1.0 + 3.0 * std::uniform_real_distribution<double>(0.0, 1.0)(rng);
-    L.wq *= sharp;
-    L.wk *= sharp;
+    const AttentionLayer L = SharpLayerWithoutLayerNorm(rng);
     InputSet set = RandomSet(rng, std::uniform_int_distribution<int>(2, 4)(rng), L.d_model);
     const int n = set.tokens();
     const MhaInput in = MhaInputOver(L, CoverOf(set), NormKind::kL2);
@@ -192,11 +199,7 @@ TEST(HeadFactorsTest, SplitSecondOrderBoundsTheSecondDerivative) {
   const int cases = int(50 * TestScale());
   int checked = 0, within_10x = 0, dot = 0, l2 = 0, causal = 0, refined = 0;
   for (int t = 0; t < cases; ++t) {
-    AttentionLayer L = RandomLayer(rng);
-    L.layer_norm.reset();
-    const double sharp = 1.0 + 3.0 * std::uniform_real_distribution<double>(0.0, 1.0)(rng);
-    L.wq *= sharp;
-    L.wk *= sharp;
+    const AttentionLayer L = SharpLayerWithoutLayerNorm(rng);
     InputSet set = RandomSet(rng, std::uniform_int_distribution<int>(2, 4)(rng), L.d_model);
     if (t % 4 == 0) set.radius = 0;
     const int n = set.tokens();
