@@ -20,8 +20,8 @@ constexpr const char* kEngine = "centred";
 
 // sup ||D^2 out[U, U]|| over unit U and the z-cover scaled by s about zc (norm 2): the smaller
 // of the forms' bound (SecondOrderHeadUp: max_j sum_h ||column j of L_h|| + sum_h cross_h)
-// and the pairs-apart bound (SecondOrderSplitHeadUp, the moving token's own query as one
-// form over the heads). With F given, the heads' factor bounds over the full cover (s = 1).
+// and the pairs-apart bound (SecondOrderSplitHeadUp, the moving token's own row as one
+// form over the heads, OwnRowUp). With F given, the heads' factor bounds over the full cover (s = 1).
 double SecondOrderSupUp(const std::vector<HeadGeometry>& geo, const MhaInput& in, bool causal, double s, int threads,
                         const std::vector<FactorBounds>* full = nullptr) {
   Eigen::VectorXd rho = in.rho_z;
@@ -35,8 +35,8 @@ double SecondOrderSupUp(const std::vector<HeadGeometry>& geo, const MhaInput& in
     per_head[h] = SecondOrderHeadUp(geo[h], factors[h], rho, causal);
     split[h] = SecondOrderSplitHeadUp(geo[h], factors[h], rho, causal);
   });
-  auto own_query = [&](int j) { return OwnQuerySpreadUp(geo, factors, rho, causal, j, threads); };
-  return std::min(SecondOrderColumnsUp(per_head), SecondOrderSplitColumnsUp(split, own_query));
+  auto own_row = [&](int j) { return OwnRowUp(geo, factors, rho, causal, j, threads); };
+  return std::min(SecondOrderColumnsUp(per_head), SecondOrderSplitColumnsUp(split, own_row));
 }
 
 // The second-order variation (docs/engines.md, "Second-order variation"): along the segment

@@ -116,6 +116,29 @@ HeadGeometry HeadGeometryAt(const AttentionLayer& L, int h, const Eigen::MatrixX
   G.anchor_w = 0.5 * (w_lo + w_hi);
   G.a_anchor = AnchoredCentreUp(G.u, G.anchor_w, G.u_norm);
   G.b_anchor = AnchoredCentreUp(G.b, G.anchor_w, G.b_norm);
+  if (G.dot && p == NormKind::kL2) {
+    // ||W_h U||^2 = y^T (Wo^T Wo) y with y = Wv U: Wo^T Wo = R^T R + Delta for the floating
+    // Cholesky factor R (or ||Wo|| I where it fails), so ||W_h U||^2 <= ||R Wv U||^2 +
+    // ||Delta||_F ||Wv||^2, and R Wv = A + E with A, E from the enclosure of the product.
+    const IntervalMatrix s = GramEnclosure(wo);
+    Eigen::MatrixXd r;
+    Eigen::LLT<Eigen::MatrixXd> llt(s.mid);
+    if (llt.info() == Eigen::Success) {
+      r = llt.matrixU();
+    } else {
+      r = NormL2Upper(wo).value() * Eigen::MatrixXd::Identity(wo.cols(), wo.cols());
+    }
+    const IntervalMatrix delta = s - Mul(Eigen::MatrixXd(r.transpose()), r);
+    const IntervalMatrix a = Mul(r, wv);
+    G.value_rows = a.mid;
+    G.value_err = NormFrobeniusUpper(a.rad).value();
+    const double wv_norm = NormL2Upper(wv).value();
+    G.value_iso = MulUp(NormFrobeniusUpper(delta).value(), MulUp(wv_norm, wv_norm));
+    G.wq_h = wq;
+    G.wk_h = wk;
+    G.wq_norm = NormL2Upper(wq).value();
+    G.wk_norm = NormL2Upper(wk).value();
+  }
   return G;
 }
 
@@ -522,7 +545,6 @@ SecondOrderSplitHead SecondOrderSplitHeadUp(const HeadGeometry& G, const FactorB
   out.lin = Eigen::MatrixXd::Zero(n, n);
   // Row i's pair terms, x^T O_i x, one row of `pairs` per i (O_i flattened column-major).
   out.pairs = Eigen::MatrixXd::Zero(n, Eigen::Index(n) * n);
-  out.query = Eigen::VectorXd::Zero(n);
   for (int i = 0; i < n; ++i) {
     const int len = causal ? i + 1 : n;
     const Eigen::VectorXd cap = F.p_hi.row(i).head(len).transpose(), a = F.a_sup.row(i).head(len).transpose();
@@ -559,7 +581,6 @@ SecondOrderSplitHead SecondOrderSplitHeadUp(const HeadGeometry& G, const FactorB
     }
     // The query alone (T1: ab2 x_i^2) and the row's own key with its query (star(i)).
     out.lin(i, i) = AddUp(out.lin(i, i), AddUp(ab2, star(i)));
-    out.query(i) = ab2;
     for (int k = 0; k < len; ++k)
       for (int l = 0; l < len; ++l) {
         if (k == l) continue;
@@ -572,64 +593,168 @@ SecondOrderSplitHead SecondOrderSplitHeadUp(const HeadGeometry& G, const FactorB
   return out;
 }
 
-QueryForm QuerySpreadFormUp(const HeadGeometry& G, const FactorBounds& F, const Eigen::VectorXd& rho, bool causal,
-                            int i) {
+OwnRowForm OwnRowFormUp(const HeadGeometry& G, const FactorBounds& F, const Eigen::VectorXd& rho, bool causal, int i) {
   const int n = int(rho.size()), d = int(G.b.mid.cols());
   const int len = causal ? i + 1 : n;
-  QueryForm out;
-  if (!G.dot || G.anchor_w.rows() != n || G.causal != causal) {
+  OwnRowForm out;
+  if (!G.dot || G.anchor_w.rows() != n || G.causal != causal || !std::isfinite(G.value_iso)) {
     out.iso = kInf;  // no form: the scalar bound stands
     return out;
   }
-  // b_j - bbar_i = fl(s_i m_j - (w m)_i) + r_j over the cover, with ||r_j|| <= e_j: the
-  // anchor's rounding plus its excess over the cover (as for b_sup).
+  // Token i moves by U alone. Row i's logit motion is delta_k = b_k . U + [k = i] g_i . U, so
+  // delta_k - delta_bar = r_k . U with r_k = (b_k - bbar_i) + gamma_k g_i, gamma_k = [k = i] - P_i,
+  // and the row's second derivative is
+  //   T1 = sum_k P_k a_k (r_k . U)^2,   T2 = 2 P_i (r_i . U) W_h U,   T3 = 2 P_i a_i (Wq U).(Wk U) / sqrt(dk),
+  // so ||d^2 out_i|| <= sum_k pa_k (r_k . U)^2 + p_i (theta2 (r_i . U)^2 + ||W_h U||^2 / theta2)
+  //                     + pa_i / sqrt(dk) (theta3 ||Wq U||^2 + ||Wk U||^2 / theta3).
+  // Over the cover, r_k . U = x . U + y + m + z with x = fl(rhat_k) at the centre's weights w,
+  //  - y = -(P_i - w_i) g_i0 . U: |y| <= dp |g_i0 . U| (one direction for all k),
+  //  - m: the motion, b_k - b_l = Wq^T Wk (z_k - z_l) / sqrt(dk) and g_i = Wk^T Wq z_i / sqrt(dk) + ...,
+  //    so |m| <= (||Wk|| (rho_k + sum_l P_l rho_l) ||Wq U|| + |gamma_k| ||Wq|| rho_i ||Wk U||) / sqrt(dk),
+  //  - z: the rest, |z| <= e (the anchor's rounding, sum_l (P_l - w_l)(b_k - b_l) at the centre, the
+  //    enclosures' radii),
+  // and (sum of parts)^2 <= sum part^2 / a_part for a_part >= 0 summing to 1, each a_part in
+  // proportion to its norm. The g, Wq and Wk parts of all rows (and T3) share their rows.
   const Eigen::MatrixXd& m = G.b.mid;
   const Eigen::RowVectorXd w = G.anchor_w.row(i).head(len);
   const double s = w.sum();
   const Eigen::RowVectorXd mean = w * m.topRows(len), mean_abs = w * m.topRows(len).cwiseAbs();
   const double mean_abs_norm = NormUpOfMagnitudes(mean_abs.transpose(), VectorNorm::kTwo);
-  const Eigen::VectorXd excess = AnchorExcessUp(G, G.b, G.db, G.c_b, VectorNorm::kTwo, rho, causal, F, i);
-  out.rows.resize(len, d);
-  double err2 = 0;
-  for (int j = 0; j < len; ++j) {
-    const Eigen::RowVectorXd beta = s * m.row(j) - mean;
-    const double m_norm = NormUpOfMagnitudes(m.row(j).cwiseAbs().transpose(), VectorNorm::kTwo);
-    const double e = AddUp(AnchorRoundingUp(s, m_norm, mean_abs_norm, n, d), excess(j));
-    // (beta . U)^2 <= (1 + theta)(fl beta . U)^2 + (1 + 1/theta) e^2, theta = e / ||fl beta||;
-    // P_j ||a_j|| <= pa(i, j).
-    const double c = F.pa(i, j);
-    const double beta_norm = NormUpOfMagnitudes(beta.cwiseAbs().transpose(), VectorNorm::kTwo);
-    if (!(beta_norm > 0) || !(e < beta_norm)) {  // a direction worth nothing: isotropic
-      out.rows.row(j).setZero();
-      out.iso = AddUp(out.iso, MulUp(c, MulUp(AddUp(beta_norm, e), AddUp(beta_norm, e))));
-      continue;
-    }
-    const double theta = DivUp(e, beta_norm * (1 - 1e-15));
-    out.rows.row(j) = SqrtUp(MulUp(c, AddUp(1.0, theta))) * beta;
-    out.iso = AddUp(out.iso, MulUp(c, MulUp(AddUp(1.0, DivUp(beta_norm, e)), MulUp(e, e))));
-    // The row's own product rounding: at most u per entry.
-    const double row_norm = NormUpOfMagnitudes(out.rows.row(j).cwiseAbs().transpose(), VectorNorm::kTwo);
-    err2 = AddUp(err2, MulUp(MulUp(row_norm, kUnitRoundoff), MulUp(row_norm, kUnitRoundoff)));
+  const Eigen::RowVectorXd g = G.g.mid.row(i);
+  const double g_norm = NormUpOfMagnitudes(g.cwiseAbs().transpose(), VectorNorm::kTwo);
+  const double g_rad = NormUpOfMagnitudes(G.g.rad.row(i).transpose(), VectorNorm::kTwo);
+  // |gamma_k - ([k = i] - w_i)| <= dp, and |gamma_k| <= 1 - p_lo (k = i) or p_hi (k != i).
+  const double dp = std::max({0.0, SubUp(F.p_hi(i, i), w(i)), SubUp(w(i), F.p_lo(i, i))});
+  const double p_i = F.p_hi(i, i);
+  const double inv_sqrt_dk = G.inv_sqrt_dk.hi;
+  // The centre's parts of the anchor's excess: radii (each and their mean) and the weights' range.
+  Eigen::VectorXd b_rad(len), dev(len);
+  for (int k = 0; k < len; ++k) {
+    b_rad(k) = NormUpOfMagnitudes(G.b.rad.row(k).transpose(), VectorNorm::kTwo);
+    dev(k) = std::max({0.0, SubUp(F.p_hi(i, k), w(k)), SubUp(w(k), F.p_lo(i, k))});
   }
+  auto m_norm_of = [&](int l) { return NormUpOfMagnitudes(m.row(l).cwiseAbs().transpose(), VectorNorm::kTwo); };
+  const Eigen::VectorXd cap = F.p_hi.row(i).head(len).transpose();
+  const double rad_moved = SimplexWeightedSumUp(cap, b_rad, len);
+  const double rho_moved = SimplexWeightedSumUp(cap, rho.head(len), len);
+  const double key_move = MulUp(G.wk_norm, inv_sqrt_dk), query_move = MulUp(G.wq_norm, inv_sqrt_dk);
+  // The weights' range: sum_l (P_l - w_l)(b_k - b_l) = (1 - s)(b_k - c) - eps with
+  // eps = sum_l (P_l - w_l)(b_l - c) . U the same for every k, c = (w m) / s, and
+  // eps^2 <= (sum_l dev_l) sum_l dev_l (fl(b_l - c) . U)^2 plus its rounding (into z).
+  const Eigen::RowVectorXd c_mean = mean / s;
+  Eigen::MatrixXd centred(len, d);
+  Eigen::VectorXd centred_err(len);
+  double dev_sum = 0, eps_norm = 0, eps_rounding = 0;
+  for (int l = 0; l < len; ++l) {
+    centred.row(l) = m.row(l) - c_mean;
+    const double f = NormUpOfMagnitudes(centred.row(l).cwiseAbs().transpose(), VectorNorm::kTwo);
+    // fl(m_l - c) against m_l - exact c: c's own rounding (division and the product's, gamma_{n+1})
+    // and the subtraction's, generously.
+    centred_err(l) = AddUp(MulUp(2 * kUnitRoundoff, AddUp(f, m_norm_of(l))),
+                           MulUp(MulUp(2.0, GammaUp(double(len) + 2)), DivUp(mean_abs_norm, s * (1 - 1e-15))));
+    dev_sum = AddUp(dev_sum, dev(l));
+    eps_norm = AddUp(eps_norm, MulUp(dev(l), f));
+    eps_rounding = AddUp(eps_rounding, MulUp(dev(l), centred_err(l)));
+  }
+  const double one_minus_s = std::max(SubUp(1.0, s), SubUp(s, 1.0));
+  double eps_weight = 0;
+  const double value_norm = NormFrobeniusUpper(G.value_rows).value();
+  const int dv = int(G.value_rows.rows()), dk = int(G.wq_h.rows());
+  out.rows.resize(len + 1 + len + dv + 2 * dk, d);
+  double err2 = 0;
+  // Appends sqrt(c) x as a row (its product rounding, u per entry, goes into err).
+  int row = 0;
+  auto add_row = [&](double c, const Eigen::RowVectorXd& x) {
+    out.rows.row(row) = SqrtUp(c) * x;
+    const double row_norm = NormUpOfMagnitudes(out.rows.row(row).cwiseAbs().transpose(), VectorNorm::kTwo);
+    err2 = AddUp(err2, MulUp(MulUp(row_norm, kUnitRoundoff), MulUp(row_norm, kUnitRoundoff)));
+    ++row;
+  };
+  double g_weight = 0, q_weight = 0, k_weight = 0;  // the shared rows' weights
+  // Each row's parts: x (floating), and the scales of y along g, m along Wq U and Wk U, eps along
+  // the centred rows and z (isotropic).
+  struct Parts {
+    Eigen::RowVectorXd x;
+    double x_norm = 0, y_norm = 0, mq = 0, mk = 0, mq_norm = 0, mk_norm = 0, e = 0, total = 0;
+  };
+  std::vector<Parts> parts(len);
+  for (int k = 0; k < len; ++k) {
+    Parts& P = parts[k];
+    const double gamma = (k == i ? 1.0 : 0.0) - w(i);
+    const Eigen::RowVectorXd beta = s * m.row(k) - mean;
+    P.x = beta + gamma * g;
+    const double beta_norm = NormUpOfMagnitudes(beta.cwiseAbs().transpose(), VectorNorm::kTwo);
+    P.x_norm = NormUpOfMagnitudes(P.x.cwiseAbs().transpose(), VectorNorm::kTwo);
+    // z: the anchor's rounding, gamma g's rounding (product and sum: 2u each, generously), the
+    // radii of b_k, of the mean and of g_i, and eps's and (1 - s)'s shares.
+    double e = AddUp(AnchorRoundingUp(s, m_norm_of(k), mean_abs_norm, n, d),
+                     MulUp(4 * kUnitRoundoff, AddUp(beta_norm, MulUp(std::abs(gamma), g_norm))));
+    const double gamma_max = k == i ? SubUp(1.0, F.p_lo(i, i)) : p_i;
+    e = AddUp(e, AddUp(AddUp(b_rad(k), rad_moved), MulUp(gamma_max, g_rad)));
+    const double centred_norm = NormUpOfMagnitudes(centred.row(k).cwiseAbs().transpose(), VectorNorm::kTwo);
+    P.e = AddUp(e, AddUp(MulUp(one_minus_s, AddUp(centred_norm, centred_err(k))), eps_rounding));
+    P.y_norm = MulUp(dp, g_norm);
+    P.mq = MulUp(key_move, AddUp(rho(k), rho_moved));
+    P.mk = MulUp(MulUp(gamma_max, query_move), rho(i));
+    P.mq_norm = MulUp(P.mq, G.wq_norm);
+    P.mk_norm = MulUp(P.mk, G.wk_norm);
+    P.total = AddUp(AddUp(AddUp(P.x_norm, P.y_norm), AddUp(P.mq_norm, P.mk_norm)), AddUp(P.e, eps_norm));
+  }
+  // T2's split: theta2 balances r_i's scale against ||W_h|| (any theta2 > 0 holds).
+  const double theta2 = parts[i].total > 0 && G.w_norm > 0 ? G.w_norm / parts[i].total : 1.0;
+  for (int k = 0; k < len; ++k) {
+    const Parts& P = parts[k];
+    const double c = k == i ? AddUp(F.pa(i, k), MulUp(theta2, p_i)) : F.pa(i, k);
+    if (P.x_norm > 0) {
+      add_row(MulUp(c, DivUp(P.total, P.x_norm)), P.x);
+    } else {
+      out.rows.row(row++).setZero();
+    }
+    if (P.y_norm > 0) g_weight = AddUp(g_weight, MulUp(MulUp(c, MulUp(dp, dp)), DivUp(P.total, P.y_norm)));
+    if (P.mq_norm > 0) q_weight = AddUp(q_weight, MulUp(MulUp(c, MulUp(P.mq, P.mq)), DivUp(P.total, P.mq_norm)));
+    if (P.mk_norm > 0) k_weight = AddUp(k_weight, MulUp(MulUp(c, MulUp(P.mk, P.mk)), DivUp(P.total, P.mk_norm)));
+    if (eps_norm > 0) eps_weight = AddUp(eps_weight, MulUp(c, DivUp(P.total, eps_norm)));
+    if (P.e > 0) out.iso = AddUp(out.iso, MulUp(c, MulUp(P.e, P.total)));
+  }
+  add_row(g_weight, g);
+  for (int l = 0; l < len; ++l) add_row(MulUp(MulUp(eps_weight, dev_sum), dev(l)), centred.row(l));
+  // T2's values: (p_i / theta2) ((||A U|| + value_err)^2 + value_iso), the same split.
+  const double c2 = DivUp(p_i, theta2 * (1 - 1e-15));
+  out.iso = AddUp(out.iso, MulUp(c2, G.value_iso));
+  const double value_total = AddUp(value_norm, G.value_err);
+  if (value_norm > 0) {
+    const double c = MulUp(c2, DivUp(value_total, value_norm));
+    for (int r = 0; r < dv; ++r) add_row(c, G.value_rows.row(r));
+  } else {
+    for (int r = 0; r < dv; ++r) out.rows.row(row++).setZero();
+  }
+  out.iso = AddUp(out.iso, MulUp(c2, MulUp(G.value_err, value_total)));
+  // T3 (theta3 balancing the weights' norms), with the motion's shares: the exact weights.
+  const double c3 = MulUp(F.pa(i, i), inv_sqrt_dk);
+  const double theta3 = G.wq_norm > 0 && G.wk_norm > 0 ? G.wk_norm / G.wq_norm : 1.0;
+  q_weight = AddUp(q_weight, MulUp(c3, theta3));
+  k_weight = AddUp(k_weight, DivUp(c3, theta3 * (1 - 1e-15)));
+  for (int r = 0; r < dk; ++r) add_row(q_weight, G.wq_h.row(r));
+  for (int r = 0; r < dk; ++r) add_row(k_weight, G.wk_h.row(r));
   out.err = MulUp(SqrtUp(err2), 1.0 + 1e-10);
   return out;
 }
 
-double OwnQuerySpreadUp(const std::vector<HeadGeometry>& geo, const std::vector<FactorBounds>& factors,
-                        const Eigen::VectorXd& rho, bool causal, int j, int threads) {
+double OwnRowUp(const std::vector<HeadGeometry>& geo, const std::vector<FactorBounds>& factors,
+                const Eigen::VectorXd& rho, bool causal, int j, int threads) {
   const int heads = int(geo.size());
-  std::vector<QueryForm> forms(heads);
+  std::vector<OwnRowForm> forms(heads);
   ParallelFor(heads, WorkerCount(threads, heads),
-              [&](int h, int) { forms[h] = QuerySpreadFormUp(geo[h], factors[h], rho, causal, j); });
+              [&](int h, int) { forms[h] = OwnRowFormUp(geo[h], factors[h], rho, causal, j); });
   Eigen::Index rows = 0;
-  for (const QueryForm& f : forms) {
+  for (const OwnRowForm& f : forms) {
     if (!std::isfinite(f.iso)) return kInf;  // a head without a form: nothing to refine
     rows += f.rows.rows();
   }
   Eigen::MatrixXd stacked(rows, geo[0].b.mid.cols());
   double err2 = 0, iso = 0;
   rows = 0;
-  for (const QueryForm& f : forms) {
+  for (const OwnRowForm& f : forms) {
     if (f.rows.rows() > 0) stacked.middleRows(rows, f.rows.rows()) = f.rows;
     rows += f.rows.rows();
     err2 = AddUp(err2, MulUp(f.err, f.err));
@@ -641,7 +766,7 @@ double OwnQuerySpreadUp(const std::vector<HeadGeometry>& geo, const std::vector<
 }
 
 double SecondOrderSplitColumnsUp(const std::vector<SecondOrderSplitHead>& heads,
-                                 const std::function<double(int)>& own_query) {
+                                 const std::function<double(int)>& own_row) {
   if (heads.empty()) return 0.0;
   const int n = int(heads[0].lin.cols());
   // ||d^2 out_i|| <= sum_h ||d^2 out_i^h||: the heads' rows add up before the norm over rows.
@@ -658,11 +783,11 @@ double SecondOrderSplitColumnsUp(const std::vector<SecondOrderSplitHead>& heads,
     norms(j) = SqrtUp(s);
   }
   double column = norms.maxCoeff();
-  if (own_query) {
-    // The largest columns again, with the moving token's own query spread as one form over
-    // all heads (own_query(j) >= it) in place of the heads' scalar ab2 summed: while a
-    // column's scalar norm is above the best refined one, at most kRefined columns.
-    constexpr int kRefined = 8;
+  if (own_row) {
+    // The largest columns again, with the moving token's own row as one form over all heads
+    // (own_row(j) >= it) in place of the heads' scalars summed in lin(j, j): while a column's
+    // scalar norm is above the best refined one, at most kRefined columns.
+    const int kRefined = n;  // (the loop stops once the refined best passes the rest)
     std::vector<int> order(n);
     for (int j = 0; j < n; ++j) order[j] = j;
     std::sort(order.begin(), order.end(), [&](int a, int b) { return norms(a) > norms(b); });
@@ -670,9 +795,7 @@ double SecondOrderSplitColumnsUp(const std::vector<SecondOrderSplitHead>& heads,
     int t = 0;
     for (; t < n && t < kRefined && norms(order[t]) > best; ++t) {
       const int j = order[t];
-      double query = 0;  // rounded down: lin(j, j) - query stays above the rest of the entry
-      for (const SecondOrderSplitHead& h : heads) query = AddDown(query, h.query(j));
-      const double own = std::min(lin(j, j), AddUp(SubUp(lin(j, j), query), own_query(j)));
+      const double own = std::min(lin(j, j), own_row(j));
       double s = MulUp(own, own);
       for (int i = 0; i < n; ++i)
         if (i != j) s = AddUp(s, MulUp(lin(i, j), lin(i, j)));

@@ -59,6 +59,12 @@ struct HeadGeometry {
   // b (b_anchor): the anchors of the factor bounds a_sup and b_sup.
   bool causal = false;
   Eigen::MatrixXd anchor_w, a_anchor, b_anchor;
+  // Dot heads, norm 2, for the moving token's own row as one form (OwnRowFormUp): for every
+  // unit U, ||W_h U||^2 <= (||value_rows U|| + value_err)^2 + value_iso (value_rows: dv x D,
+  // a factor R of Wo_h^T Wo_h times Wv_h), and the head's exact Wq_h, Wk_h (dk x D) with
+  // upper bounds on their norms.
+  Eigen::MatrixXd value_rows, wq_h, wk_h;
+  double value_err = kInf, value_iso = kInf, wq_norm = kInf, wk_norm = kInf;
 };
 
 // Head h's geometry at the centre zc (N, D) of the MHA input, for the engine norm p.
@@ -134,34 +140,33 @@ double SecondOrderColumnsUp(const std::vector<SecondOrderHead>& heads);
 struct SecondOrderSplitHead {
   Eigen::MatrixXd lin;    // (N x N), entries rounded up, zero beyond each row's keys
   Eigen::MatrixXd pairs;  // (N x N^2): row i is vec O_i (column-major), entries rounded up
-  Eigen::VectorXd query;  // row i's share of lin(i, i) from its query's spread (ab2)
 };
-
-// Norm 2: row i's query spread as a quadratic form in the row's own motion U (unit), over the
-// cover: sum_j P_ij ||a_ij|| ((b_j - bbar_i) . U)^2 <= (||rows U|| + err)^2 + iso, rows floating
-// (len x D), with the directions b_j - bbar_i anchored at the centre's weights. Dot heads
-// only: other heads give iso = +inf (no form; the scalar ab2 stands). Summed over heads
-// before the largest eigenvalue, this replaces the heads' scalar ab2 in the moving token's
-// own row.
-struct QueryForm {
-  Eigen::MatrixXd rows;
-  double err = 0, iso = 0;
-};
-QueryForm QuerySpreadFormUp(const HeadGeometry& G, const FactorBounds& F, const Eigen::VectorXd& rho, bool causal,
-                            int i);
-// >= sup over unit U of the sum over heads of token j's own query spread: the heads' forms
-// stacked, (||[rows_h]||_2 + sqrt(sum_h err_h^2))^2 + sum_h iso_h (the norm certified by
-// NormL2UpperGram); +inf when a head has no form.
-double OwnQuerySpreadUp(const std::vector<HeadGeometry>& geo, const std::vector<FactorBounds>& factors,
-                        const Eigen::VectorXd& rho, bool causal, int j, int threads);
 SecondOrderSplitHead SecondOrderSplitHeadUp(const HeadGeometry& G, const FactorBounds& F, const Eigen::VectorXd& rho,
                                             bool causal);
 
+// Norm 2, dot heads: row i's second derivative when token i moves alone by U (unit), as a
+// quadratic form over the cover (docs/engines.md, "The moving token's own row"): its query's
+// and its own key's logit motion r_k . U (T1, T2), its value W_h U (T2) and its logit's
+// curvature (Wq U).(Wk U) (T3):
+//   ||d^2 out_i^h[U, U]|| <= (||rows U|| + err)^2 + iso,   rows floating ((len + dv + 2 dk) x D),
+// with the directions anchored at the centre's weights. Other heads give iso = +inf (no form).
+// Summed over heads before the largest eigenvalue, this bounds lin(i, i) of the heads summed.
+struct OwnRowForm {
+  Eigen::MatrixXd rows;
+  double err = 0, iso = 0;
+};
+OwnRowForm OwnRowFormUp(const HeadGeometry& G, const FactorBounds& F, const Eigen::VectorXd& rho, bool causal, int i);
+// >= sup over unit U of the sum over heads of token j's own row: the heads' forms stacked,
+// (||[rows_h]||_2 + sqrt(sum_h err_h^2))^2 + sum_h iso_h (the norm certified by
+// NormL2UpperGram); +inf when a head has no form.
+double OwnRowUp(const std::vector<HeadGeometry>& geo, const std::vector<FactorBounds>& factors,
+                const Eigen::VectorXd& rho, bool causal, int j, int threads);
+
 // >= max_j ||column j of sum_h lin_h||_2 + sqrt(lambda_max(P P^T)), P = sum_h pairs_h.
-// With own_query (own_query(j) >= the moving token's own query spread over all heads, e.g.
-// from QuerySpreadFormUp), the largest columns are refined with it.
+// With own_row (own_row(j) >= the moving token's own row over all heads, e.g. from
+// OwnRowUp), the largest columns are refined with it.
 double SecondOrderSplitColumnsUp(const std::vector<SecondOrderSplitHead>& heads,
-                                 const std::function<double(int)>& own_query = nullptr);
+                                 const std::function<double(int)>& own_row = nullptr);
 
 // >= ||P||_p for every attention matrix P below p_hi (rows on the simplex).
 double ProbabilityNormUp(const Eigen::MatrixXd& p_hi, NormKind p);

@@ -190,7 +190,7 @@ Eigen::MatrixXd SecondDerivativeMp(const AttentionLayer& L, const Eigen::MatrixX
 // layers with sharp softmax rows, causal masks included: U random, on one token, and on
 // two tokens (where the pair terms live). It is within 10x of a sampled direction on
 // some point sets (radius 0), so it is not vacuous. The same with the moving token's own
-// query spread as one form over the heads (OwnQuerySpreadUp, as the engines use it), which
+// row as one form over the heads (OwnRowUp, as the engines use it), which
 // is never above the plain bound and below it on some cases.
 TEST(HeadFactorsTest, SplitSecondOrderBoundsTheSecondDerivative) {
   mpfr::mpreal::set_default_prec(256);
@@ -218,7 +218,7 @@ TEST(HeadFactorsTest, SplitSecondOrderBoundsTheSecondDerivative) {
     // never above the plain one.
     const double plain = SecondOrderSplitColumnsUp(heads);
     const double bound = SecondOrderSplitColumnsUp(
-        heads, [&](int j) { return OwnQuerySpreadUp(geo, factors, in.rho_z, L.causal, j, 1); });
+        heads, [&](int j) { return OwnRowUp(geo, factors, in.rho_z, L.causal, j, 1); });
     ASSERT_TRUE(std::isfinite(bound)) << "case " << t;
     EXPECT_LE(bound, plain) << "case " << t;
     refined += bound < plain;
@@ -250,6 +250,70 @@ TEST(HeadFactorsTest, SplitSecondOrderBoundsTheSecondDerivative) {
   EXPECT_GT(l2, 0);
   EXPECT_GT(causal, 0);
   EXPECT_GT(refined, 0);
+}
+
+// The moving token's own row as one form over the heads (OwnRowUp) bounds row j of
+// d^2 f(X)[U, U] for U on token j alone, at points of the set, dot layers with sharp rows
+// (causal included): U random, and U the top eigenvector of the stacked forms (the
+// direction where the form is largest). The form is within 10x of the row's sampled
+// worst on some cases, and below the heads' scalar lin(j, j) summed on some.
+TEST(HeadFactorsTest, OwnRowFormBoundsTheMovingTokensRow) {
+  mpfr::mpreal::set_default_prec(256);
+  std::mt19937_64 rng(20261207);
+  std::normal_distribution<double> gauss(0.0, 1.0);
+  const int cases = int(40 * TestScale());
+  int checked = 0, within_10x = 0, causal = 0, below_scalar = 0, dot_cases = 0;
+  for (int t = 0; t < cases; ++t) {
+    AttentionLayer L = SharpLayerWithoutLayerNorm(rng);
+    if (L.kind != AttentionKind::kDot) continue;  // l2 heads have no form (+inf)
+    ++dot_cases;
+    causal += L.causal;
+    InputSet set = RandomSet(rng, std::uniform_int_distribution<int>(2, 4)(rng), L.d_model);
+    if (t % 3 == 0) set.radius = 0;
+    const int n = set.tokens();
+    const MhaInput in = MhaInputOver(L, CoverOf(set), NormKind::kL2);
+    std::vector<HeadGeometry> geo;
+    std::vector<FactorBounds> factors;
+    Eigen::MatrixXd lin = Eigen::MatrixXd::Zero(n, n);
+    for (int h = 0; h < L.heads; ++h) {
+      geo.push_back(HeadGeometryAt(L, h, in.zc, NormKind::kL2));
+      factors.push_back(HeadFactorBounds(geo.back(), in.rho_z, in.joint_z, L.causal));
+      lin += SecondOrderSplitHeadUp(geo.back(), factors.back(), in.rho_z, L.causal).lin;
+    }
+    const int j = int(rng() % n);
+    const double bound = OwnRowUp(geo, factors, in.rho_z, L.causal, j, 1);
+    ASSERT_TRUE(std::isfinite(bound)) << "case " << t;
+    below_scalar += bound < lin(j, j);
+    // The stacked forms' top direction.
+    Eigen::MatrixXd gram = Eigen::MatrixXd::Zero(L.d_model, L.d_model);
+    for (int h = 0; h < L.heads; ++h) {
+      const OwnRowForm f = OwnRowFormUp(geo[h], factors[h], in.rho_z, L.causal, j);
+      gram += f.rows.transpose() * f.rows;
+    }
+    const Eigen::VectorXd top = Eigen::SelfAdjointEigenSolver<Eigen::MatrixXd>(gram).eigenvectors().col(L.d_model - 1);
+    std::vector<Eigen::MatrixXd> points = set.radius == 0 ? std::vector<Eigen::MatrixXd>{set.center} : CoverPoints(rng, set, 2);
+    double best = 0;
+    for (const Eigen::MatrixXd& x : points)
+      for (int s = 0; s < 3; ++s) {
+        Eigen::MatrixXd u = Eigen::MatrixXd::Zero(n, L.d_model);
+        if (s == 0) {
+          u.row(j) = top.transpose();
+        } else {
+          for (int c = 0; c < L.d_model; ++c) u(j, c) = gauss(rng);
+          u /= u.norm();
+        }
+        const double d2 = SecondDerivativeMp(L, x, u).row(j).norm();
+        EXPECT_LE(d2 * (1 - 1e-9), bound + 1e-25) << "case " << t << " token " << j;
+        best = std::max(best, d2);
+        ++checked;
+      }
+    within_10x += best * 10 >= bound;
+  }
+  EXPECT_GT(dot_cases, cases / 4);
+  EXPECT_GT(checked, dot_cases * 3);
+  EXPECT_GT(within_10x, 0);
+  EXPECT_GT(causal, 0);
+  EXPECT_GT(below_scalar, 0);
 }
 
 }  // namespace
