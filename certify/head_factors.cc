@@ -131,11 +131,14 @@ HeadGeometry HeadGeometryAt(const AttentionLayer& L, int h, const Eigen::MatrixX
     const IntervalMatrix delta = s - Mul(Eigen::MatrixXd(r.transpose()), r);
     const IntervalMatrix a = Mul(r, wv);
     G.value_rows = a.mid;
+    G.value_gram = GramEnclosure(G.value_rows);
     G.value_err = NormFrobeniusUpper(a.rad).value();
     const double wv_norm = NormL2Upper(wv).value();
     G.value_iso = MulUp(NormFrobeniusUpper(delta).value(), MulUp(wv_norm, wv_norm));
     G.wq_h = wq;
     G.wk_h = wk;
+    G.wq_gram = GramEnclosure(G.wq_h);
+    G.wk_gram = GramEnclosure(G.wk_h);
     G.wq_norm = NormL2Upper(wq).value();
     G.wk_norm = NormL2Upper(wk).value();
   }
@@ -659,8 +662,7 @@ OwnRowForm OwnRowFormUp(const HeadGeometry& G, const FactorBounds& F, const Eige
   const double one_minus_s = std::max(SubUp(1.0, s), SubUp(s, 1.0));
   double eps_weight = 0;
   const double value_norm = NormFrobeniusUpper(G.value_rows).value();
-  const int dv = int(G.value_rows.rows()), dk = int(G.wq_h.rows());
-  out.rows.resize(len + 1 + len + dv + 2 * dk, d);
+  out.rows.resize(len + 1 + len, d);
   double err2 = 0;
   // Appends sqrt(c) x as a row (its product rounding, u per entry, goes into err).
   int row = 0;
@@ -722,20 +724,13 @@ OwnRowForm OwnRowFormUp(const HeadGeometry& G, const FactorBounds& F, const Eige
   const double c2 = DivUp(p_i, theta2 * (1 - 1e-15));
   out.iso = AddUp(out.iso, MulUp(c2, G.value_iso));
   const double value_total = AddUp(value_norm, G.value_err);
-  if (value_norm > 0) {
-    const double c = MulUp(c2, DivUp(value_total, value_norm));
-    for (int r = 0; r < dv; ++r) add_row(c, G.value_rows.row(r));
-  } else {
-    for (int r = 0; r < dv; ++r) out.rows.row(row++).setZero();
-  }
+  if (value_norm > 0) out.value_weight = MulUp(c2, DivUp(value_total, value_norm));
   out.iso = AddUp(out.iso, MulUp(c2, MulUp(G.value_err, value_total)));
   // T3 (theta3 balancing the weights' norms), with the motion's shares: the exact weights.
   const double c3 = MulUp(F.pa(i, i), inv_sqrt_dk);
   const double theta3 = G.wq_norm > 0 && G.wk_norm > 0 ? G.wk_norm / G.wq_norm : 1.0;
-  q_weight = AddUp(q_weight, MulUp(c3, theta3));
-  k_weight = AddUp(k_weight, DivUp(c3, theta3 * (1 - 1e-15)));
-  for (int r = 0; r < dk; ++r) add_row(q_weight, G.wq_h.row(r));
-  for (int r = 0; r < dk; ++r) add_row(k_weight, G.wk_h.row(r));
+  out.q_weight = AddUp(q_weight, MulUp(c3, theta3));
+  out.k_weight = AddUp(k_weight, DivUp(c3, theta3 * (1 - 1e-15)));
   out.err = MulUp(SqrtUp(err2), 1.0 + 1e-10);
   return out;
 }
@@ -760,9 +755,33 @@ double OwnRowUp(const std::vector<HeadGeometry>& geo, const std::vector<FactorBo
     err2 = AddUp(err2, MulUp(f.err, f.err));
     iso = AddUp(iso, f.iso);
   }
-  const double norm = rows > 0 ? NormL2UpperGram(IntervalMatrix::Point(stacked), threads).value() : 0.0;
-  const double r = AddUp(norm, SqrtUp(err2));
-  return AddUp(MulUp(r, r), iso);
+  // U^T S U with S = the stacked rows' Gram and the heads' weighted fixed Grams; the rows'
+  // rounding err: (||rows U|| + err)^2 <= (1 + phi) ||rows U||^2 + (1 + 1/phi) err^2.
+  constexpr double kPhi = 1e-6;
+  std::vector<std::pair<double, const IntervalMatrix*>> terms;
+  const IntervalMatrix rows_gram = GramEnclosure(stacked);
+  terms.push_back({1.0 + kPhi, &rows_gram});
+  for (int h = 0; h < heads; ++h) {
+    terms.push_back({forms[h].value_weight, &geo[h].value_gram});
+    terms.push_back({forms[h].q_weight, &geo[h].wq_gram});
+    terms.push_back({forms[h].k_weight, &geo[h].wk_gram});
+  }
+  // The weights are >= 0: mid = fl(sum c mid) is off by at most gamma_{T+2} sum c |mid|, and
+  // the radius sum (its own rounding covered by the factor 1 + g) adds sum c rad.
+  const Eigen::Index d = stacked.cols();
+  Eigen::MatrixXd mid = Eigen::MatrixXd::Zero(d, d), mag = Eigen::MatrixXd::Zero(d, d), rad = Eigen::MatrixXd::Zero(d, d);
+  for (const auto& [c, m] : terms) {
+    if (!(c > 0)) continue;
+    mid += c * m->mid;
+    mag += c * m->mid.cwiseAbs();
+    rad += c * m->rad;
+  }
+  const double g = GammaUp(2.0 * double(terms.size()) + 4);
+  rad = ((rad + g * mag) * (1 + g)).eval();
+  (void)threads;
+  const IntervalMatrix sum(mid, rad);
+  const double lambda = LambdaMaxUpper(sum).value();
+  return AddUp(lambda, AddUp(iso, MulUp(1.0 + 1.0 / kPhi, err2)));
 }
 
 double SecondOrderSplitColumnsUp(const std::vector<SecondOrderSplitHead>& heads,

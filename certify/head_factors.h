@@ -65,6 +65,7 @@ struct HeadGeometry {
   // upper bounds on their norms.
   Eigen::MatrixXd value_rows, wq_h, wk_h;
   double value_err = kInf, value_iso = kInf, wq_norm = kInf, wk_norm = kInf;
+  IntervalMatrix value_gram, wq_gram, wk_gram;  // enclosures of A^T A, Wq_h^T Wq_h, Wk_h^T Wk_h
 };
 
 // Head h's geometry at the centre zc (N, D) of the MHA input, for the engine norm p.
@@ -148,17 +149,20 @@ SecondOrderSplitHead SecondOrderSplitHeadUp(const HeadGeometry& G, const FactorB
 // quadratic form over the cover (docs/engines.md, "The moving token's own row"): its query's
 // and its own key's logit motion r_k . U (T1, T2), its value W_h U (T2) and its logit's
 // curvature (Wq U).(Wk U) (T3):
-//   ||d^2 out_i^h[U, U]|| <= (||rows U|| + err)^2 + iso,   rows floating ((len + dv + 2 dk) x D),
-// with the directions anchored at the centre's weights. Other heads give iso = +inf (no form).
-// Summed over heads before the largest eigenvalue, this bounds lin(i, i) of the heads summed.
+//   ||d^2 out_i^h[U, U]|| <= (||rows U|| + err)^2 + value_weight ||A U||^2 + q_weight ||Wq U||^2
+//                            + k_weight ||Wk U||^2 + iso,
+// rows floating ((2 len + 1) x D, the directions anchored at the centre's weights), A, Wq, Wk
+// the geometry's value_rows, wq_h, wk_h. Other heads give iso = +inf (no form). Summed over
+// heads before the largest eigenvalue (OwnRowUp), this bounds lin(i, i) of the heads summed.
 struct OwnRowForm {
   Eigen::MatrixXd rows;
   double err = 0, iso = 0;
+  double value_weight = 0, q_weight = 0, k_weight = 0;
 };
 OwnRowForm OwnRowFormUp(const HeadGeometry& G, const FactorBounds& F, const Eigen::VectorXd& rho, bool causal, int i);
-// >= sup over unit U of the sum over heads of token j's own row: the heads' forms stacked,
-// (||[rows_h]||_2 + sqrt(sum_h err_h^2))^2 + sum_h iso_h (the norm certified by
-// NormL2UpperGram); +inf when a head has no form.
+// >= sup over unit U of the sum over heads of token j's own row: lambda_max (LambdaMaxUpper)
+// of the stacked rows' Gram plus the heads' weighted fixed Grams, plus the isotropic terms;
+// +inf when a head has no form.
 double OwnRowUp(const std::vector<HeadGeometry>& geo, const std::vector<FactorBounds>& factors,
                 const Eigen::VectorXd& rho, bool causal, int j, int threads);
 

@@ -288,7 +288,8 @@ TEST(HeadFactorsTest, OwnRowFormBoundsTheMovingTokensRow) {
     Eigen::MatrixXd gram = Eigen::MatrixXd::Zero(L.d_model, L.d_model);
     for (int h = 0; h < L.heads; ++h) {
       const OwnRowForm f = OwnRowFormUp(geo[h], factors[h], in.rho_z, L.causal, j);
-      gram += f.rows.transpose() * f.rows;
+      gram += f.rows.transpose() * f.rows + f.value_weight * geo[h].value_gram.mid + f.q_weight * geo[h].wq_gram.mid +
+              f.k_weight * geo[h].wk_gram.mid;
     }
     const Eigen::VectorXd top = Eigen::SelfAdjointEigenSolver<Eigen::MatrixXd>(gram).eigenvectors().col(L.d_model - 1);
     std::vector<Eigen::MatrixXd> points = set.radius == 0 ? std::vector<Eigen::MatrixXd>{set.center} : CoverPoints(rng, set, 2);
