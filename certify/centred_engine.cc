@@ -21,8 +21,10 @@ constexpr const char* kEngine = "centred";
 // sup ||D^2 out[U, U]|| over unit U and the z-cover scaled by s about zc (norm 2): the smaller
 // of the forms' bound (SecondOrderHeadUp: max_j sum_h ||column j of L_h|| + sum_h cross_h)
 // and the pairs-apart bound (SecondOrderSplitHeadUp, the moving token's own row as one
-// form over the heads, OwnRowUp). With F given, the heads' factor bounds over the full cover (s = 1).
+// form over the heads, OwnRowUp, its columns refined until refine_until). With F given, the
+// heads' factor bounds over the full cover (s = 1).
 double SecondOrderSupUp(const std::vector<HeadGeometry>& geo, const MhaInput& in, bool causal, double s, int threads,
+                        std::chrono::steady_clock::time_point refine_until,
                         const std::vector<FactorBounds>* full = nullptr) {
   Eigen::VectorXd rho = in.rho_z;
   for (Eigen::Index j = 0; j < rho.size(); ++j) rho(j) = MulUp(rho(j), s);
@@ -36,7 +38,7 @@ double SecondOrderSupUp(const std::vector<HeadGeometry>& geo, const MhaInput& in
     split[h] = SecondOrderSplitHeadUp(geo[h], factors[h], rho, causal);
   });
   auto own_row = [&](int j) { return OwnRowUp(geo, factors, rho, causal, j, threads); };
-  return std::min(SecondOrderColumnsUp(per_head), SecondOrderSplitColumnsUp(split, own_row));
+  return std::min(SecondOrderColumnsUp(per_head), SecondOrderSplitColumnsUp(split, own_row, refine_until));
 }
 
 // The second-order variation (docs/engines.md, "Second-order variation"): along the segment
@@ -45,7 +47,7 @@ double SecondOrderSupUp(const std::vector<HeadGeometry>& geo, const MhaInput& in
 //   sup ||J_M(z) - J_M(zc)|| <= joint_z sum_k (s_k - s_{k-1}) T(s_k),
 // T(s) = SecondOrderSupUp at s. T(1) comes from the caller; the nodes 1/2, 1/4, 3/4, then the
 // odd eighths are added while they fit in a tenth of the time left (the rest is the centre
-// norm's); any set of nodes gives a bound.
+// norm's); any set of nodes gives a bound, and T(1) bounds every T(s).
 double SecondOrderVariationUp(const std::vector<HeadGeometry>& geo, const MhaInput& in, bool causal, double t_one,
                               const BoundOptions& opts) {
   std::vector<std::pair<double, double>> nodes = {{1.0, t_one}};  // (s, T(s))
@@ -56,7 +58,8 @@ double SecondOrderVariationUp(const std::vector<HeadGeometry>& geo, const MhaInp
   for (const double s : {0.5, 0.25, 0.75, 0.125, 0.375, 0.625, 0.875}) {
     const auto t0 = std::chrono::steady_clock::now();
     if (timed && t0 + last > budget_end) break;
-    nodes.push_back({s, SecondOrderSupUp(geo, in, causal, s, opts.threads)});
+    // The cover scaled by s lies in the cover (scaled about its centre), so T(1) bounds T(s) too.
+    nodes.push_back({s, std::min(t_one, SecondOrderSupUp(geo, in, causal, s, opts.threads, budget_end))});
     last = std::chrono::steady_clock::now() - t0;
   }
   std::sort(nodes.begin(), nodes.end());
@@ -189,10 +192,16 @@ CentredVariation CentredVariationBound(const AttentionLayer& L, const TokenCover
   const double logit_path = ScaledNonnegNormUp(rd, in.ell, PrimalNorm(p));
   const double split = AddUp(value_path, logit_path);
   const double joint = ScaledNonnegNormUp(all, in.ell, PrimalNorm(p));
+  // T(1) refines its columns for at most a fifth of the time left (the nodes: their tenth).
+  const auto t_one_until = opts.deadline == std::chrono::steady_clock::time_point::max()
+                               ? opts.deadline
+                               : std::chrono::steady_clock::now() + (opts.deadline - std::chrono::steady_clock::now()) / 5;
   const double second =
-      second_order ? MulUp(ell_max, SecondOrderVariationUp(geo, in, L.causal,
-                                                           SecondOrderSupUp(geo, in, L.causal, 1.0, opts.threads, &over_cover), opts))
-                   : kInf;
+      second_order
+          ? MulUp(ell_max, SecondOrderVariationUp(
+                               geo, in, L.causal, SecondOrderSupUp(geo, in, L.causal, 1.0, opts.threads, t_one_until, &over_cover),
+                               opts))
+          : kInf;
   const double variation = std::min({split, joint, schur, second});
   v.route = variation == second ? "variation sup ||J(X) - J(X0)|| (second order: radius x sup ||D^2 f||)"
             : variation == split ? "variation sup ||J(X) - J(X0)|| (value path + logit path)"

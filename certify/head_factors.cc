@@ -1,6 +1,7 @@
 #include "certify/head_factors.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <functional>
 #include <vector>
@@ -596,6 +597,13 @@ SecondOrderSplitHead SecondOrderSplitHeadUp(const HeadGeometry& G, const FactorB
   return out;
 }
 
+// >= ||x||_2 from the floating sum of squares: |fl(sum x^2) - sum x^2| <= gamma_d sum x^2, plus
+// d eta for the squares' underflow.
+static double FastNormUp(const Eigen::RowVectorXd& x) {
+  const double d = double(x.size());
+  return SqrtUp(DivUp(AddUp(x.squaredNorm(), MulUp(d, kEta)), SubDown(1.0, GammaUp(d))));
+}
+
 OwnRowForm OwnRowFormUp(const HeadGeometry& G, const FactorBounds& F, const Eigen::VectorXd& rho, bool causal, int i) {
   const int n = int(rho.size()), d = int(G.b.mid.cols());
   const int len = causal ? i + 1 : n;
@@ -622,10 +630,10 @@ OwnRowForm OwnRowFormUp(const HeadGeometry& G, const FactorBounds& F, const Eige
   const Eigen::RowVectorXd w = G.anchor_w.row(i).head(len);
   const double s = w.sum();
   const Eigen::RowVectorXd mean = w * m.topRows(len), mean_abs = w * m.topRows(len).cwiseAbs();
-  const double mean_abs_norm = NormUpOfMagnitudes(mean_abs.transpose(), VectorNorm::kTwo);
+  const double mean_abs_norm = FastNormUp(mean_abs);
   const Eigen::RowVectorXd g = G.g.mid.row(i);
-  const double g_norm = NormUpOfMagnitudes(g.cwiseAbs().transpose(), VectorNorm::kTwo);
-  const double g_rad = NormUpOfMagnitudes(G.g.rad.row(i).transpose(), VectorNorm::kTwo);
+  const double g_norm = FastNormUp(g);
+  const double g_rad = FastNormUp(G.g.rad.row(i));
   // |gamma_k - ([k = i] - w_i)| <= dp, and |gamma_k| <= 1 - p_lo (k = i) or p_hi (k != i).
   const double dp = std::max({0.0, SubUp(F.p_hi(i, i), w(i)), SubUp(w(i), F.p_lo(i, i))});
   const double p_i = F.p_hi(i, i);
@@ -633,10 +641,10 @@ OwnRowForm OwnRowFormUp(const HeadGeometry& G, const FactorBounds& F, const Eige
   // The centre's parts of the anchor's excess: radii (each and their mean) and the weights' range.
   Eigen::VectorXd b_rad(len), dev(len);
   for (int k = 0; k < len; ++k) {
-    b_rad(k) = NormUpOfMagnitudes(G.b.rad.row(k).transpose(), VectorNorm::kTwo);
+    b_rad(k) = FastNormUp(G.b.rad.row(k));
     dev(k) = std::max({0.0, SubUp(F.p_hi(i, k), w(k)), SubUp(w(k), F.p_lo(i, k))});
   }
-  auto m_norm_of = [&](int l) { return NormUpOfMagnitudes(m.row(l).cwiseAbs().transpose(), VectorNorm::kTwo); };
+  auto m_norm_of = [&](int l) { return FastNormUp(m.row(l)); };
   const Eigen::VectorXd cap = F.p_hi.row(i).head(len).transpose();
   const double rad_moved = SimplexWeightedSumUp(cap, b_rad, len);
   const double rho_moved = SimplexWeightedSumUp(cap, rho.head(len), len);
@@ -646,11 +654,11 @@ OwnRowForm OwnRowFormUp(const HeadGeometry& G, const FactorBounds& F, const Eige
   // eps^2 <= (sum_l dev_l) sum_l dev_l (fl(b_l - c) . U)^2 plus its rounding (into z).
   const Eigen::RowVectorXd c_mean = mean / s;
   Eigen::MatrixXd centred(len, d);
-  Eigen::VectorXd centred_err(len);
+  Eigen::VectorXd centred_err(len), centred_norm(len);
   double dev_sum = 0, eps_norm = 0, eps_rounding = 0;
   for (int l = 0; l < len; ++l) {
     centred.row(l) = m.row(l) - c_mean;
-    const double f = NormUpOfMagnitudes(centred.row(l).cwiseAbs().transpose(), VectorNorm::kTwo);
+    const double f = centred_norm(l) = FastNormUp(centred.row(l));
     // fl(m_l - c) against m_l - exact c: c's own rounding (division and the product's, gamma_{n+1})
     // and the subtraction's, generously.
     centred_err(l) = AddUp(MulUp(2 * kUnitRoundoff, AddUp(f, m_norm_of(l))),
@@ -668,7 +676,7 @@ OwnRowForm OwnRowFormUp(const HeadGeometry& G, const FactorBounds& F, const Eige
   int row = 0;
   auto add_row = [&](double c, const Eigen::RowVectorXd& x) {
     out.rows.row(row) = SqrtUp(c) * x;
-    const double row_norm = NormUpOfMagnitudes(out.rows.row(row).cwiseAbs().transpose(), VectorNorm::kTwo);
+    const double row_norm = FastNormUp(out.rows.row(row));
     err2 = AddUp(err2, MulUp(MulUp(row_norm, kUnitRoundoff), MulUp(row_norm, kUnitRoundoff)));
     ++row;
   };
@@ -685,16 +693,15 @@ OwnRowForm OwnRowFormUp(const HeadGeometry& G, const FactorBounds& F, const Eige
     const double gamma = (k == i ? 1.0 : 0.0) - w(i);
     const Eigen::RowVectorXd beta = s * m.row(k) - mean;
     P.x = beta + gamma * g;
-    const double beta_norm = NormUpOfMagnitudes(beta.cwiseAbs().transpose(), VectorNorm::kTwo);
-    P.x_norm = NormUpOfMagnitudes(P.x.cwiseAbs().transpose(), VectorNorm::kTwo);
+    const double beta_norm = FastNormUp(beta);
+    P.x_norm = FastNormUp(P.x);
     // z: the anchor's rounding, gamma g's rounding (product and sum: 2u each, generously), the
     // radii of b_k, of the mean and of g_i, and eps's and (1 - s)'s shares.
     double e = AddUp(AnchorRoundingUp(s, m_norm_of(k), mean_abs_norm, n, d),
                      MulUp(4 * kUnitRoundoff, AddUp(beta_norm, MulUp(std::abs(gamma), g_norm))));
     const double gamma_max = k == i ? SubUp(1.0, F.p_lo(i, i)) : p_i;
     e = AddUp(e, AddUp(AddUp(b_rad(k), rad_moved), MulUp(gamma_max, g_rad)));
-    const double centred_norm = NormUpOfMagnitudes(centred.row(k).cwiseAbs().transpose(), VectorNorm::kTwo);
-    P.e = AddUp(e, AddUp(MulUp(one_minus_s, AddUp(centred_norm, centred_err(k))), eps_rounding));
+    P.e = AddUp(e, AddUp(MulUp(one_minus_s, AddUp(centred_norm(k), centred_err(k))), eps_rounding));
     P.y_norm = MulUp(dp, g_norm);
     P.mq = MulUp(key_move, AddUp(rho(k), rho_moved));
     P.mk = MulUp(MulUp(gamma_max, query_move), rho(i));
@@ -759,7 +766,18 @@ double OwnRowUp(const std::vector<HeadGeometry>& geo, const std::vector<FactorBo
   // rounding err: (||rows U|| + err)^2 <= (1 + phi) ||rows U||^2 + (1 + 1/phi) err^2.
   constexpr double kPhi = 1e-6;
   std::vector<std::pair<double, const IntervalMatrix*>> terms;
-  const IntervalMatrix rows_gram = GramEnclosure(stacked);
+  // The rows' Gram in one floating product: |fl(S^T S) - S^T S|_ab <= gamma_k sum_r |s_ra||s_rb|
+  // <= gamma_k ||col a|| ||col b|| (k rows), plus k eta for underflow.
+  IntervalMatrix rows_gram;
+  {
+    const double k = double(stacked.rows());
+    rows_gram.mid = stacked.transpose() * stacked;
+    Eigen::VectorXd col(stacked.cols());
+    for (Eigen::Index a = 0; a < stacked.cols(); ++a) col(a) = FastNormUp(stacked.col(a).transpose());
+    const double g = GammaUp(k), floor = MulUp(k, kEta);
+    rows_gram.rad = ((g * (col * col.transpose())).array() + floor).matrix() * (1 + 4 * kUnitRoundoff);
+    rows_gram = SymmetrizeEnclosure(rows_gram);
+  }
   terms.push_back({1.0 + kPhi, &rows_gram});
   for (int h = 0; h < heads; ++h) {
     terms.push_back({forms[h].value_weight, &geo[h].value_gram});
@@ -785,7 +803,8 @@ double OwnRowUp(const std::vector<HeadGeometry>& geo, const std::vector<FactorBo
 }
 
 double SecondOrderSplitColumnsUp(const std::vector<SecondOrderSplitHead>& heads,
-                                 const std::function<double(int)>& own_row) {
+                                 const std::function<double(int)>& own_row,
+                                 std::chrono::steady_clock::time_point refine_until) {
   if (heads.empty()) return 0.0;
   const int n = int(heads[0].lin.cols());
   // ||d^2 out_i|| <= sum_h ||d^2 out_i^h||: the heads' rows add up before the norm over rows.
@@ -812,7 +831,7 @@ double SecondOrderSplitColumnsUp(const std::vector<SecondOrderSplitHead>& heads,
     std::sort(order.begin(), order.end(), [&](int a, int b) { return norms(a) > norms(b); });
     double best = 0;
     int t = 0;
-    for (; t < n && t < kRefined && norms(order[t]) > best; ++t) {
+    for (; t < n && t < kRefined && norms(order[t]) > best && std::chrono::steady_clock::now() < refine_until; ++t) {
       const int j = order[t];
       const double own = std::min(lin(j, j), own_row(j));
       double s = MulUp(own, own);

@@ -16,6 +16,7 @@
 
 #include <Eigen/Dense>
 
+#include <chrono>
 #include <functional>
 #include <vector>
 
@@ -168,9 +169,11 @@ double OwnRowUp(const std::vector<HeadGeometry>& geo, const std::vector<FactorBo
 
 // >= max_j ||column j of sum_h lin_h||_2 + sqrt(lambda_max(P P^T)), P = sum_h pairs_h.
 // With own_row (own_row(j) >= the moving token's own row over all heads, e.g. from
-// OwnRowUp), the largest columns are refined with it.
+// OwnRowUp), the largest columns are refined with it, until refine_until.
 double SecondOrderSplitColumnsUp(const std::vector<SecondOrderSplitHead>& heads,
-                                 const std::function<double(int)>& own_row = nullptr);
+                                 const std::function<double(int)>& own_row = nullptr,
+                                 std::chrono::steady_clock::time_point refine_until =
+                                     std::chrono::steady_clock::time_point::max());
 
 // >= ||P||_p for every attention matrix P below p_hi (rows on the simplex).
 double ProbabilityNormUp(const Eigen::MatrixXd& p_hi, NormKind p);
