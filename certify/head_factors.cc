@@ -775,7 +775,7 @@ double OwnRowUp(const std::vector<HeadGeometry>& geo, const std::vector<FactorBo
     Eigen::VectorXd col(stacked.cols());
     for (Eigen::Index a = 0; a < stacked.cols(); ++a) col(a) = FastNormUp(stacked.col(a).transpose());
     const double g = GammaUp(k), floor = MulUp(k, kEta);
-    rows_gram.rad = ((g * (col * col.transpose())).array() + floor).matrix() * (1 + 4 * kUnitRoundoff);
+    rows_gram.rad = ((g * (col * col.transpose())).array() + floor).matrix() * (1 + 16 * kUnitRoundoff);
     rows_gram = SymmetrizeEnclosure(rows_gram);
   }
   terms.push_back({1.0 + kPhi, &rows_gram});
