@@ -767,7 +767,8 @@ double OwnRowUp(const std::vector<HeadGeometry>& geo, const std::vector<FactorBo
   constexpr double kPhi = 1e-6;
   std::vector<std::pair<double, const IntervalMatrix*>> terms;
   // The rows' Gram in one floating product: |fl(S^T S) - S^T S|_ab <= gamma_k sum_r |s_ra||s_rb|
-  // <= gamma_k ||col a|| ||col b|| (k rows), plus k eta for underflow.
+  // <= gamma_k ||col a|| ||col b|| (k rows), plus k eta for underflow; the factor 1 + 16u
+  // covers the radius's own rounding.
   IntervalMatrix rows_gram;
   {
     const double k = double(stacked.rows());
