@@ -131,15 +131,13 @@ HeadGeometry HeadGeometryAt(const AttentionLayer& L, int h, const Eigen::MatrixX
     }
     const IntervalMatrix delta = s - Mul(Eigen::MatrixXd(r.transpose()), r);
     const IntervalMatrix a = Mul(r, wv);
-    G.value_rows = a.mid;
-    G.value_gram = GramEnclosure(G.value_rows);
+    G.value_gram = GramEnclosure(a.mid);
+    G.value_norm = NormFrobeniusUpper(a.mid).value();
     G.value_err = NormFrobeniusUpper(a.rad).value();
     const double wv_norm = NormL2Upper(wv).value();
     G.value_iso = MulUp(NormFrobeniusUpper(delta).value(), MulUp(wv_norm, wv_norm));
-    G.wq_h = wq;
-    G.wk_h = wk;
-    G.wq_gram = GramEnclosure(G.wq_h);
-    G.wk_gram = GramEnclosure(G.wk_h);
+    G.wq_gram = GramEnclosure(wq);
+    G.wk_gram = GramEnclosure(wk);
     G.wq_norm = NormL2Upper(wq).value();
     G.wk_norm = NormL2Upper(wk).value();
   }
@@ -644,7 +642,8 @@ OwnRowForm OwnRowFormUp(const HeadGeometry& G, const FactorBounds& F, const Eige
     b_rad(k) = FastNormUp(G.b.rad.row(k));
     dev(k) = std::max({0.0, SubUp(F.p_hi(i, k), w(k)), SubUp(w(k), F.p_lo(i, k))});
   }
-  auto m_norm_of = [&](int l) { return FastNormUp(m.row(l)); };
+  Eigen::VectorXd m_norm(len);
+  for (int l = 0; l < len; ++l) m_norm(l) = FastNormUp(m.row(l));
   const Eigen::VectorXd cap = F.p_hi.row(i).head(len).transpose();
   const double rad_moved = SimplexWeightedSumUp(cap, b_rad, len);
   const double rho_moved = SimplexWeightedSumUp(cap, rho.head(len), len);
@@ -661,7 +660,7 @@ OwnRowForm OwnRowFormUp(const HeadGeometry& G, const FactorBounds& F, const Eige
     const double f = centred_norm(l) = FastNormUp(centred.row(l));
     // fl(m_l - c) against m_l - exact c: c's own rounding (division and the product's, gamma_{n+1})
     // and the subtraction's, generously.
-    centred_err(l) = AddUp(MulUp(2 * kUnitRoundoff, AddUp(f, m_norm_of(l))),
+    centred_err(l) = AddUp(MulUp(2 * kUnitRoundoff, AddUp(f, m_norm(l))),
                            MulUp(MulUp(2.0, GammaUp(double(len) + 2)), DivUp(mean_abs_norm, s * (1 - 1e-15))));
     dev_sum = AddUp(dev_sum, dev(l));
     eps_norm = AddUp(eps_norm, MulUp(dev(l), f));
@@ -669,7 +668,7 @@ OwnRowForm OwnRowFormUp(const HeadGeometry& G, const FactorBounds& F, const Eige
   }
   const double one_minus_s = std::max(SubUp(1.0, s), SubUp(s, 1.0));
   double eps_weight = 0;
-  const double value_norm = NormFrobeniusUpper(G.value_rows).value();
+  const double value_norm = G.value_norm;
   out.rows.resize(len + 1 + len, d);
   double err2 = 0;
   // Appends sqrt(c) x as a row (its product rounding, u per entry, goes into err).
@@ -697,7 +696,7 @@ OwnRowForm OwnRowFormUp(const HeadGeometry& G, const FactorBounds& F, const Eige
     P.x_norm = FastNormUp(P.x);
     // z: the anchor's rounding, gamma g's rounding (product and sum: 2u each, generously), the
     // radii of b_k, of the mean and of g_i, and eps's and (1 - s)'s shares.
-    double e = AddUp(AnchorRoundingUp(s, m_norm_of(k), mean_abs_norm, n, d),
+    double e = AddUp(AnchorRoundingUp(s, m_norm(k), mean_abs_norm, n, d),
                      MulUp(4 * kUnitRoundoff, AddUp(beta_norm, MulUp(std::abs(gamma), g_norm))));
     const double gamma_max = k == i ? SubUp(1.0, F.p_lo(i, i)) : p_i;
     e = AddUp(e, AddUp(AddUp(b_rad(k), rad_moved), MulUp(gamma_max, g_rad)));

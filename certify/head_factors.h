@@ -61,12 +61,11 @@ struct HeadGeometry {
   bool causal = false;
   Eigen::MatrixXd anchor_w, a_anchor, b_anchor;
   // Dot heads, norm 2, for the moving token's own row as one form (OwnRowFormUp): for every
-  // unit U, ||W_h U||^2 <= (||value_rows U|| + value_err)^2 + value_iso (value_rows: dv x D,
-  // a factor R of Wo_h^T Wo_h times Wv_h), and the head's exact Wq_h, Wk_h (dk x D) with
-  // upper bounds on their norms.
-  Eigen::MatrixXd value_rows, wq_h, wk_h;
-  double value_err = kInf, value_iso = kInf, wq_norm = kInf, wk_norm = kInf;
-  IntervalMatrix value_gram, wq_gram, wk_gram;  // enclosures of A^T A, Wq_h^T Wq_h, Wk_h^T Wk_h
+  // unit U, ||W_h U||^2 <= (||A U|| + value_err)^2 + value_iso with A = R Wv_h (dv x D, R a
+  // factor of Wo_h^T Wo_h) and ||A||_F <= value_norm; enclosures of A^T A, Wq_h^T Wq_h and
+  // Wk_h^T Wk_h, and upper bounds on ||Wq_h||, ||Wk_h||.
+  IntervalMatrix value_gram, wq_gram, wk_gram;
+  double value_norm = kInf, value_err = kInf, value_iso = kInf, wq_norm = kInf, wk_norm = kInf;
 };
 
 // Head h's geometry at the centre zc (N, D) of the MHA input, for the engine norm p.
@@ -153,7 +152,7 @@ SecondOrderSplitHead SecondOrderSplitHeadUp(const HeadGeometry& G, const FactorB
 //   ||d^2 out_i^h[U, U]|| <= (||rows U|| + err)^2 + value_weight ||A U||^2 + q_weight ||Wq U||^2
 //                            + k_weight ||Wk U||^2 + iso,
 // rows floating ((2 len + 1) x D, the directions anchored at the centre's weights), A, Wq, Wk
-// the geometry's value_rows, wq_h, wk_h. Other heads give iso = +inf (no form). Summed over
+// as in the geometry (value_gram, wq_gram, wk_gram). Other heads give iso = +inf (no form). Summed over
 // heads before the largest eigenvalue (OwnRowUp), this bounds lin(i, i) of the heads summed.
 struct OwnRowForm {
   Eigen::MatrixXd rows;
