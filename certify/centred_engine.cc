@@ -303,8 +303,14 @@ EngineBound CentreNormBound(const AttentionLayer& L, const TokenCover& cover, co
   constexpr const char* kName = "centre_norm";
   if (const std::string why = CentreNormEngineRefusal(opts); !why.empty())
     throw std::invalid_argument(std::string(kName) + " engine: " + why);
+  const auto t_variation = std::chrono::steady_clock::now();
   const CentredVariation v = CentredVariationBound(L, cover, opts);
-  if (!v.complete) return TimedOutBound(kName);
+  const double variation_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_variation).count();
+  if (!v.complete) {
+    EngineBound late = TimedOutBound(kName);
+    late.note += " (in the variation, after " + std::to_string(variation_s) + " s)";
+    return late;
+  }
   if (v.variation.value() >= give_up_above) {
     EngineBound skipped;
     skipped.note = "variation alone " + std::to_string(v.variation.value()) + " >= the bound in hand " +
@@ -330,7 +336,15 @@ EngineBound CentreNormBound(const AttentionLayer& L, const TokenCover& cover, co
   };
   bool timed_out = false;
   const UpperBound centre_norm = centre_norm_of(co, &timed_out);
-  if (timed_out) return TimedOutBound(kName);
+  if (timed_out) {
+    // Where the time went: the variation's seconds, then the centre norm's progress.
+    EngineBound late = TimedOutBound(kName);
+    late.note += " (the variation took " + std::to_string(variation_s) + " s; the centre norm, " + report.method +
+                 ", stopped after " + std::to_string(report.seconds) + " s with " +
+                 std::to_string(report.exact_blocks) + " blocks certified densely, assembly " +
+                 std::to_string(report.assembly_seconds) + " s)";
+    return late;
+  }
   // delta_ln is a 2-norm bound on D x D matrices; ||A||_inf <= sqrt(D) ||A||_2.
   const double ln_delta_p = inf ? MulUp(SqrtUp(double(L.d_model)), v.in.delta_ln.maxCoeff()) : v.in.delta_ln.maxCoeff();
   UpperBound ln_variation(0.0), anchor(0.0);
