@@ -1215,9 +1215,10 @@ CentreInfNormBounds CentreJacobianInfNormBounds(const AttentionLayer& L, const E
   const CentreState S = EncloseCentre(L, x0, o);
   const int n = S.n, d = S.d, nd = n * d;
   const int g = GroupTokens(o, n, d);  // tokens per tile side: tiles of at most block_limit^2 entries
-  // Per row: floating sums of the nonnegative terms max(0, |m| - r) (computed rounded down)
-  // and |m| + r (rounded up), over all nd columns, accumulated tile by tile.
+  // Per row: floating sums of the nonnegative terms max(0, |m| - r) and |m| + r over all nd
+  // columns, accumulated tile by tile (at most nd + 1 roundings per term in all).
   std::vector<double> lo_sum(nd, 0.0), hi_sum(nd, 0.0);
+  IntervalMatrix blk;  // one tile's storage, reused
   for (int r0 = 0; r0 < n && !out.timed_out; r0 += g) {
     const int r1 = std::min(n, r0 + g);
     for (int c0 = 0; c0 < n; c0 += g) {
@@ -1226,23 +1227,21 @@ CentreInfNormBounds CentreJacobianInfNormBounds(const AttentionLayer& L, const E
         break;
       }
       const int c1 = std::min(n, c0 + g);
-      const IntervalMatrix blk = AssembleBlock(S, r0, r1, c0, c1, o.threads);
+      AssembleBlockInto(S, r0, r1, c0, c1, o.threads, &blk);
+      // Vectorised, in round to nearest: each term max(0, |m| - r) and |m| + r carries one
+      // rounding (max keeps the sign, so a negative difference still gives 0).
+      const Eigen::VectorXd lo = (blk.mid.array().abs() - blk.rad.array()).max(0.0).rowwise().sum();
+      const Eigen::VectorXd hi = (blk.mid.array().abs() + blk.rad.array()).rowwise().sum();
       for (Eigen::Index r = 0; r < blk.mid.rows(); ++r) {
-        double lo = 0, hi = 0;
-        for (Eigen::Index c = 0; c < blk.mid.cols(); ++c) {
-          const double m = std::fabs(blk.mid(r, c)), rd = blk.rad(r, c);
-          lo += std::max(0.0, SubDown(m, rd));
-          hi += AddUp(m, rd);
-        }
-        lo_sum[size_t(r0) * d + r] += lo;
-        hi_sum[size_t(r0) * d + r] += hi;
+        lo_sum[size_t(r0) * d + r] += lo(r);
+        hi_sum[size_t(r0) * d + r] += hi(r);
       }
     }
   }
   if (!out.timed_out) {
-    // Each row sum adds nd terms, every term carrying at most one more rounding (the
-    // directed subtraction / addition above only moves it the safe way): the exact sum of
-    // the terms lies within the computed sum times (1 -+ gamma_nd), give or take nd eta.
+    // Each row sum adds nd terms, every term carrying at most one rounding of its own: the
+    // exact sum of the terms lies within the computed sum times (1 -+ gamma_{nd+1}), give
+    // or take nd eta.
     const double gamma = GammaUp(double(nd) + 1);
     const double eta = MulUp(double(nd) + 1, kEta);
     double best_lo = -1, best_hi = 0;
