@@ -118,7 +118,9 @@ CentredVariation CentredVariationBound(const AttentionLayer& L, const TokenCover
   Eigen::VectorXd row_sum = Eigen::VectorXd::Zero(n);
   // Second order (norm 2): sup ||J_M(z) - J_M(zc)|| <= joint_z sup ||D^2 out||, with
   // ||D^2 out[U, U]|| bounded over the cover by SecondOrderSupUp.
-  const bool second_order = p == NormKind::kL2 && std::isfinite(in.joint_z);
+  // (A point cover, joint radius 0, has nothing for it to bound: the first-order routes give
+  // the rounding widths alone.)
+  const bool second_order = p == NormKind::kL2 && std::isfinite(in.joint_z) && in.joint_z > 0;
   std::vector<FactorBounds> over_cover;  // per head, for the second order at s = 1
   for (int h = 0; h < L.heads; ++h) {
     if (DeadlinePassed(opts)) return v;

@@ -4,22 +4,21 @@
 #include <cmath>
 #include <vector>
 
+#include "interval/fp_environment.h"
 #include "interval/norms.h"
 #include "interval/rounding.h"
 
 namespace lipcert {
 
+// The 2- and 1-norms from one vectorised floating sum (any order): a sum of d nonnegative
+// terms, each rounded at most d times (its square, the additions), is at least the exact
+// sum times 1 - gamma_d; the squares' underflow adds at most d eta (additions of
+// subnormals are exact).
 double NormUpOfMagnitudes(const Eigen::VectorXd& m, VectorNorm q) {
-  if (q == VectorNorm::kTwo) {
-    double s = 0;
-    for (Eigen::Index i = 0; i < m.size(); ++i) s = AddUp(s, MulUp(m(i), m(i)));
-    return SqrtUp(s);
-  }
-  if (q == VectorNorm::kOne) {
-    double s = 0;
-    for (Eigen::Index i = 0; i < m.size(); ++i) s = AddUp(s, m(i));
-    return s;
-  }
+  const ScopedSoundFpEnvironment fp_guard;  // gradual underflow for the d eta term
+  const double d = double(m.size());
+  if (q == VectorNorm::kTwo) return SqrtUp(DivUp(AddUp(m.squaredNorm(), MulUp(d, kEta)), SubDown(1.0, GammaUp(d))));
+  if (q == VectorNorm::kOne) return DivUp(m.sum(), SubDown(1.0, GammaUp(d)));
   return m.size() ? m.maxCoeff() : 0.0;  // inf-norm, exact
 }
 
