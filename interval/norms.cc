@@ -18,19 +18,24 @@ namespace {
 }
 
 // Upward sum of |a_ij| (+ r_ij) along rows (by_rows) or columns; returns the maximum.
+// Vectorised in round to nearest: each term fl(|a| + r) carries one rounding and the sum
+// of `inner` of them at most inner - 1 more (additions of subnormals are exact), so the
+// exact sum is at most the floating one over 1 - gamma_{inner+1}.
 double MaxAbsSumUp(const Eigen::MatrixXd& m, const Eigen::MatrixXd* r, bool by_rows) {
   const ScopedSoundFpEnvironment fp_guard;  // docs/rounding-model.md, run-time environment
-  const Eigen::Index outer = by_rows ? m.rows() : m.cols();
   const Eigen::Index inner = by_rows ? m.cols() : m.rows();
+  Eigen::VectorXd sums;
+  if (r) {
+    if (by_rows) sums = (m.array().abs() + r->array()).rowwise().sum();
+    else sums = (m.array().abs() + r->array()).colwise().sum().transpose();
+  } else {
+    if (by_rows) sums = m.array().abs().rowwise().sum();
+    else sums = m.array().abs().colwise().sum().transpose();
+  }
+  const double shrink = SubDown(1.0, GammaUp(double(inner) + 1));
   double best = 0.0;
-  for (Eigen::Index o = 0; o < outer; ++o) {
-    double s = 0.0;
-    for (Eigen::Index i = 0; i < inner; ++i) {
-      const Eigen::Index row = by_rows ? o : i, col = by_rows ? i : o;
-      double v = std::fabs(m(row, col));
-      if (r) v = AddUp(v, (*r)(row, col));
-      s = AddUp(s, v);
-    }
+  for (Eigen::Index o = 0; o < sums.size(); ++o) {
+    const double s = DivUp(sums(o), shrink);
     if (!(s <= best)) best = s;  // NaN propagates as "not <=" and becomes the result
   }
   return best;

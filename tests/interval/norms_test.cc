@@ -234,3 +234,49 @@ TEST(NormsTest, DegenerateInputs) {
 
 }  // namespace
 }  // namespace lipcert
+
+namespace lipcert {
+namespace {
+
+// The row and column sums of |M| + R (NormInfUpper, Norm1Upper: one vectorised floating sum
+// over 1 - gamma_{inner+1}) against 256-bit sums, on wide adversarial matrices.
+TEST(NormsTest, AbsoluteSumsBoundTheMpfrSumsOnWideMatrices) {
+  testing::AdversarialDoubles g(67);
+  const long n = testing::Count(60);
+  long sums = 0;
+  for (long t = 0; t < n; ++t) {
+    const Eigen::Index rows = 1 + g.Bits() % 40, cols = 1 + g.Bits() % 400;
+    Eigen::MatrixXd m(rows, cols), r(rows, cols);
+    for (Eigen::Index i = 0; i < rows; ++i)
+      for (Eigen::Index j = 0; j < cols; ++j) {
+        double x = g.Next();
+        if (!(std::fabs(x) < 1e290)) x = g.Uniform(-1, 1);  // no overflow in the sums
+        m(i, j) = x;
+        r(i, j) = g.Bits() % 2 ? 0.0 : std::fabs(x) * g.Uniform(0, 1e-3);
+      }
+    const IntervalMatrix a(m, r);
+    mpfr::mpreal::set_default_prec(256);
+    mpreal row_max = 0, col_max = 0;
+    for (Eigen::Index i = 0; i < rows; ++i) {
+      mpreal s = 0;
+      for (Eigen::Index j = 0; j < cols; ++j) s += mpfr::abs(mpreal(m(i, j))) + mpreal(r(i, j));
+      row_max = mpfr::max(row_max, s);
+      ++sums;
+    }
+    for (Eigen::Index j = 0; j < cols; ++j) {
+      mpreal s = 0;
+      for (Eigen::Index i = 0; i < rows; ++i) s += mpfr::abs(mpreal(m(i, j))) + mpreal(r(i, j));
+      col_max = mpfr::max(col_max, s);
+      ++sums;
+    }
+    const double inf = NormInfUpper(a).value(), one = Norm1Upper(a).value();
+    ASSERT_GE(mpreal(inf), row_max) << "t=" << t;
+    ASSERT_GE(mpreal(one), col_max) << "t=" << t;
+    ASSERT_LE(mpreal(inf), row_max * (1 + 3e-16 * double(cols + 4))) << "t=" << t;
+    ASSERT_LE(mpreal(one), col_max * (1 + 3e-16 * double(rows + 4))) << "t=" << t;
+  }
+  EXPECT_GT(sums, 20 * n);
+}
+
+}  // namespace
+}  // namespace lipcert
