@@ -143,10 +143,10 @@ struct CentreState {
   bool dot = true;
   bool ln = false;        // compose with the LayerNorm Jacobian
   bool identity = false;  // add I
-  bool gemm = true;       // AssembleBlockGemm where it applies (dot, no LayerNorm factor)
+  bool gemm = true;       // AssembleBlockFused where it applies (dot, no LayerNorm factor)
   std::vector<HeadCentre> head;
-  WStacks w_stacks;       // when gemm applies
-  IntervalMatrix bt_stack;  // [bt^h]_h, (H N) x D, when gemm applies
+  WStacks w_stacks;         // when the fused assembly applies
+  IntervalMatrix bt_stack;  // [bt^h]_h, (H N) x D, when the fused assembly applies
   std::vector<LnFactor> ln_factor;  // per token, when ln
 };
 
@@ -250,14 +250,10 @@ FinishConstants FinishConstantsOf(int terms) {
   c.e0 = 0x1p-1000;
   return c;
 }
-template <class Out>
-void FinishSumsInto(const Eigen::MatrixXd& rad_sum, const Eigen::MatrixXd& mag_sum, const FinishConstants& c, Out&& r) {
-  r.array() = ((rad_sum.array() + c.g_t * mag_sum.array()) + c.e0) * c.k;
-}
 IntervalMatrix FinishSums(const Eigen::MatrixXd& mid, const Eigen::MatrixXd& rad_sum, const Eigen::MatrixXd& mag_sum,
                           int terms) {
-  Eigen::MatrixXd r(rad_sum.rows(), rad_sum.cols());
-  FinishSumsInto(rad_sum, mag_sum, FinishConstantsOf(terms), r);
+  const FinishConstants c = FinishConstantsOf(terms);
+  Eigen::MatrixXd r = (((rad_sum.array() + c.g_t * mag_sum.array()) + c.e0) * c.k).matrix();
   return IntervalMatrix(mid, std::move(r));
 }
 
@@ -472,20 +468,6 @@ void AssembleBlockFused(const CentreState& S, int r0, int r1, int c0, int c1, in
   });
 }
 
-// The enclosure of rows [r0, r1) x columns [c0, c1) of J (token ranges), into *out (its
-// storage reused where the fused assembly applies).
-IntervalMatrix AssembleBlockGeneral(const CentreState& S, int r0, int r1, int c0, int c1, int threads);
-void AssembleBlockInto(const CentreState& S, int r0, int r1, int c0, int c1, int threads, IntervalMatrix* out) {
-  if (S.gemm) AssembleBlockFused(S, r0, r1, c0, c1, threads, out);
-  else *out = AssembleBlockGeneral(S, r0, r1, c0, c1, threads);
-}
-
-IntervalMatrix AssembleBlock(const CentreState& S, int r0, int r1, int c0, int c1, int threads) {
-  IntervalMatrix out;
-  AssembleBlockInto(S, r0, r1, c0, c1, threads, &out);
-  return out;
-}
-
 // The general assembly: any kind, with the LayerNorm factor and the identity.
 IntervalMatrix AssembleBlockGeneral(const CentreState& S, int r0, int r1, int c0, int c1, int threads) {
   const int d = S.d, n = S.n, nc = c1 - c0, nr = r1 - r0;
@@ -549,6 +531,19 @@ IntervalMatrix AssembleBlockGeneral(const CentreState& S, int r0, int r1, int c0
     }
   });
   return IntervalMatrix(std::move(mid), std::move(rad));
+}
+
+// The enclosure of rows [r0, r1) x columns [c0, c1) of J (token ranges), into *out (its
+// storage reused where the fused assembly applies).
+void AssembleBlockInto(const CentreState& S, int r0, int r1, int c0, int c1, int threads, IntervalMatrix* out) {
+  if (S.gemm) AssembleBlockFused(S, r0, r1, c0, c1, threads, out);
+  else *out = AssembleBlockGeneral(S, r0, r1, c0, c1, threads);
+}
+
+IntervalMatrix AssembleBlock(const CentreState& S, int r0, int r1, int c0, int c1, int threads) {
+  IntervalMatrix out;
+  AssembleBlockInto(S, r0, r1, c0, c1, threads, &out);
+  return out;
 }
 
 // ---------------------------------------------------------------------------------------

@@ -595,11 +595,9 @@ SecondOrderSplitHead SecondOrderSplitHeadUp(const HeadGeometry& G, const FactorB
   return out;
 }
 
-// >= ||x||_2 from the floating sum of squares: |fl(sum x^2) - sum x^2| <= gamma_d sum x^2, plus
-// d eta for the squares' underflow.
-static double FastNormUp(const Eigen::RowVectorXd& x) {
-  const double d = double(x.size());
-  return SqrtUp(DivUp(AddUp(x.squaredNorm(), MulUp(d, kEta)), SubDown(1.0, GammaUp(d))));
+// >= ||x||_2 (NormUpOfMagnitudes: one floating sum of squares with a gamma_d bound).
+static double NormUp(const Eigen::RowVectorXd& x) {
+  return NormUpOfMagnitudes(x.cwiseAbs().transpose(), VectorNorm::kTwo);
 }
 
 OwnRowForm OwnRowFormUp(const HeadGeometry& G, const FactorBounds& F, const Eigen::VectorXd& rho, bool causal, int i) {
@@ -628,10 +626,10 @@ OwnRowForm OwnRowFormUp(const HeadGeometry& G, const FactorBounds& F, const Eige
   const Eigen::RowVectorXd w = G.anchor_w.row(i).head(len);
   const double s = w.sum();
   const Eigen::RowVectorXd mean = w * m.topRows(len), mean_abs = w * m.topRows(len).cwiseAbs();
-  const double mean_abs_norm = FastNormUp(mean_abs);
+  const double mean_abs_norm = NormUp(mean_abs);
   const Eigen::RowVectorXd g = G.g.mid.row(i);
-  const double g_norm = FastNormUp(g);
-  const double g_rad = FastNormUp(G.g.rad.row(i));
+  const double g_norm = NormUp(g);
+  const double g_rad = NormUp(G.g.rad.row(i));
   // |gamma_k - ([k = i] - w_i)| <= dp, and |gamma_k| <= 1 - p_lo (k = i) or p_hi (k != i).
   const double dp = std::max({0.0, SubUp(F.p_hi(i, i), w(i)), SubUp(w(i), F.p_lo(i, i))});
   const double p_i = F.p_hi(i, i);
@@ -639,11 +637,11 @@ OwnRowForm OwnRowFormUp(const HeadGeometry& G, const FactorBounds& F, const Eige
   // The centre's parts of the anchor's excess: radii (each and their mean) and the weights' range.
   Eigen::VectorXd b_rad(len), dev(len);
   for (int k = 0; k < len; ++k) {
-    b_rad(k) = FastNormUp(G.b.rad.row(k));
+    b_rad(k) = NormUp(G.b.rad.row(k));
     dev(k) = std::max({0.0, SubUp(F.p_hi(i, k), w(k)), SubUp(w(k), F.p_lo(i, k))});
   }
   Eigen::VectorXd m_norm(len);
-  for (int l = 0; l < len; ++l) m_norm(l) = FastNormUp(m.row(l));
+  for (int l = 0; l < len; ++l) m_norm(l) = NormUp(m.row(l));
   const Eigen::VectorXd cap = F.p_hi.row(i).head(len).transpose();
   const double rad_moved = SimplexWeightedSumUp(cap, b_rad, len);
   const double rho_moved = SimplexWeightedSumUp(cap, rho.head(len), len);
@@ -657,7 +655,7 @@ OwnRowForm OwnRowFormUp(const HeadGeometry& G, const FactorBounds& F, const Eige
   double dev_sum = 0, eps_norm = 0, eps_rounding = 0;
   for (int l = 0; l < len; ++l) {
     centred.row(l) = m.row(l) - c_mean;
-    const double f = centred_norm(l) = FastNormUp(centred.row(l));
+    const double f = centred_norm(l) = NormUp(centred.row(l));
     // fl(m_l - c) against m_l - exact c: c's own rounding (division and the product's, gamma_{n+1})
     // and the subtraction's, generously.
     centred_err(l) = AddUp(MulUp(2 * kUnitRoundoff, AddUp(f, m_norm(l))),
@@ -675,7 +673,7 @@ OwnRowForm OwnRowFormUp(const HeadGeometry& G, const FactorBounds& F, const Eige
   int row = 0;
   auto add_row = [&](double c, const Eigen::RowVectorXd& x) {
     out.rows.row(row) = SqrtUp(c) * x;
-    const double row_norm = FastNormUp(out.rows.row(row));
+    const double row_norm = NormUp(out.rows.row(row));
     err2 = AddUp(err2, MulUp(MulUp(row_norm, kUnitRoundoff), MulUp(row_norm, kUnitRoundoff)));
     ++row;
   };
@@ -692,8 +690,8 @@ OwnRowForm OwnRowFormUp(const HeadGeometry& G, const FactorBounds& F, const Eige
     const double gamma = (k == i ? 1.0 : 0.0) - w(i);
     const Eigen::RowVectorXd beta = s * m.row(k) - mean;
     P.x = beta + gamma * g;
-    const double beta_norm = FastNormUp(beta);
-    P.x_norm = FastNormUp(P.x);
+    const double beta_norm = NormUp(beta);
+    P.x_norm = NormUp(P.x);
     // z: the anchor's rounding, gamma g's rounding (product and sum: 2u each, generously), the
     // radii of b_k, of the mean and of g_i, and eps's and (1 - s)'s shares.
     double e = AddUp(AnchorRoundingUp(s, m_norm(k), mean_abs_norm, n, d),
@@ -773,7 +771,7 @@ double OwnRowUp(const std::vector<HeadGeometry>& geo, const std::vector<FactorBo
     const double k = double(stacked.rows());
     rows_gram.mid = stacked.transpose() * stacked;
     Eigen::VectorXd col(stacked.cols());
-    for (Eigen::Index a = 0; a < stacked.cols(); ++a) col(a) = FastNormUp(stacked.col(a).transpose());
+    for (Eigen::Index a = 0; a < stacked.cols(); ++a) col(a) = NormUp(stacked.col(a).transpose());
     const double g = GammaUp(k), floor = MulUp(k, kEta);
     rows_gram.rad = ((g * (col * col.transpose())).array() + floor).matrix() * (1 + 16 * kUnitRoundoff);
     rows_gram = SymmetrizeEnclosure(rows_gram);

@@ -52,7 +52,8 @@ double NonnegNormUp(const Eigen::MatrixXd& b, VectorNorm q);
 double ScaledNonnegNormUp(Eigen::MatrixXd b, const Eigen::VectorXd& s, VectorNorm q);
 
 // >= max sum_k x_k c_k over 0 <= x_k <= cap_k, sum_k x_k <= total (k < len), for c >= 0
-// (a fractional knapsack, solved greedily on the largest c_k, every step rounded up). With
+// (a fractional knapsack, solved greedily on the largest c_k, every step rounded up; when
+// the caps fit the total, or exceed it by 1e-9 of it only, sum_k cap_k c_k, unsorted). With
 // total 1: a bound on sum_k P_k c_k for every probability row P below the caps; with total
 // 2: on sum_k |P_k - P0_k| c_k for two such rows. Never above total max_k c_k nor
 // sum_k cap_k c_k (up to rounding).

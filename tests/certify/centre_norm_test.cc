@@ -119,6 +119,7 @@ TEST(CentreNormTest, FusedAssemblyContainsTheMpfrJacobianOnWideLayers) {
     lo.max_width = 24;
     lo.max_heads = 3;
     AttentionLayer L = RandomLayer(rng, lo);
+    for (int draw = 0; draw < 20 && L.d_model < 16; ++draw) L = RandomLayer(rng, lo);  // widths 1-24: bounded redraws
     L.kind = AttentionKind::kDot;
     if (L.d_model < 16) continue;
     const int n = 1 + int(rng() % 3);
@@ -130,7 +131,7 @@ TEST(CentreNormTest, FusedAssemblyContainsTheMpfrJacobianOnWideLayers) {
     entries += CheckEnclosure(enc, ref, t);
     ++fused;
   }
-  EXPECT_GT(fused, cases / 4);
+  EXPECT_GT(fused, cases / 2);
   EXPECT_GT(entries, 256L * fused);
 }
 
@@ -143,7 +144,7 @@ TEST(CentreNormTest, FusedAssemblyContainsTheMpfrJacobianOnWideLayers) {
 // the radii, which are rounding-sized) and neither radius is more than 8 times the other (a dropped radius term would show as
 // a fused radius far below the accumulator's). Entries that are 0 carry only the routes'
 // underflow floors (2^-1000 per term, summed differently).
-TEST(CentreNormTest, GemmAssemblyMatchesTheAccumulator) {
+TEST(CentreNormTest, FusedAssemblyMatchesTheAccumulator) {
   std::mt19937_64 rng(1403);
   const int cases = int(100 * TestScale());
   int compared = 0, wide = 0;
