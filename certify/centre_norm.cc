@@ -550,30 +550,37 @@ IntervalMatrix AssembleBlock(const CentreState& S, int r0, int r1, int c0, int c
 // The dense certificate.
 // ---------------------------------------------------------------------------------------
 
-// fl(m^T m), exactly symmetric (lower triangle mirrored), tiles on `threads` workers.
+// fl(m^T m) into *g, exactly symmetric (each lower tile mirrored by the task that computed
+// it), tiles on `threads` workers; *g keeps its storage when it already has the size.
 using Deadline = std::chrono::steady_clock::time_point;
 bool Past(Deadline d) { return std::chrono::steady_clock::now() >= d; }
 
-Eigen::MatrixXd Gram(const Eigen::MatrixXd& m, int threads, Deadline deadline) {
+void GramInto(const Eigen::MatrixXd& m, int threads, Deadline deadline, Eigen::MatrixXd* g) {
   const Eigen::Index n = m.cols(), tile = 256;
   const int nt = int((n + tile - 1) / tile);
   std::vector<std::pair<int, int>> tasks;
   for (int a = 0; a < nt; ++a)
     for (int b = 0; b <= a; ++b) tasks.push_back({a, b});
-  Eigen::MatrixXd g(n, n);
+  g->resize(n, n);
   ParallelFor(int(tasks.size()), WorkerCount(threads, int(tasks.size())), [&](int t, int) {
     const auto [a, b] = tasks[t];
     if (Past(deadline)) return;  // the caller checks the deadline again and discards g
     const Eigen::Index ra = std::min(tile, n - a * tile), rb = std::min(tile, n - b * tile);
-    g.block(a * tile, b * tile, ra, rb).noalias() = m.middleCols(a * tile, ra).transpose() * m.middleCols(b * tile, rb);
+    auto lower = g->block(a * tile, b * tile, ra, rb);
+    lower.noalias() = m.middleCols(a * tile, ra).transpose() * m.middleCols(b * tile, rb);
+    if (a != b) {
+      g->block(b * tile, a * tile, rb, ra) = lower.transpose();
+    } else {
+      for (Eigen::Index c = 0; c < ra; ++c)
+        for (Eigen::Index r = 0; r < c; ++r) lower(r, c) = lower(c, r);
+    }
   });
-  for (Eigen::Index c = 0; c < n; ++c)
-    for (Eigen::Index r = 0; r < c; ++r) g(r, c) = g(c, r);
-  return g;
 }
 
 // Floating estimate of lambda_max of a symmetric matrix (Lanczos, full reorthogonalisation).
-double LanczosLambdaMax(const Eigen::MatrixXd& g, int max_steps = 120, double tol = 1e-13) {
+// The products g v by column tiles on `threads` workers (g = g^T: each tile gives its
+// entries of g^T v as dot products down contiguous columns).
+double LanczosLambdaMax(const Eigen::MatrixXd& g, int threads, int max_steps = 120, double tol = 1e-13) {
   const Eigen::Index n = g.rows();
   const int k_max = int(std::min<Eigen::Index>(max_steps, n));
   Eigen::MatrixXd v(n, k_max + 1);
@@ -581,9 +588,15 @@ double LanczosLambdaMax(const Eigen::MatrixXd& g, int max_steps = 120, double to
   v.col(0) = Eigen::VectorXd::Ones(n) / std::sqrt(double(n));
   for (Eigen::Index i = 0; i < n; ++i) v(i, 0) *= 1.0 + 0.1 * std::sin(double(i));  // break symmetry
   v.col(0).normalize();
+  constexpr Eigen::Index kTile = 256;
+  const int tiles = int((n + kTile - 1) / kTile);
+  Eigen::VectorXd w(n);
   double theta = 0;
   for (int k = 0; k < k_max; ++k) {
-    Eigen::VectorXd w = g * v.col(k);
+    ParallelFor(tiles, WorkerCount(threads, tiles), [&](int t, int) {
+      const Eigen::Index c0 = t * kTile, cn = std::min(kTile, n - c0);
+      w.segment(c0, cn).noalias() = g.middleCols(c0, cn).transpose() * v.col(k);
+    });
     alpha(k) = v.col(k).dot(w);
     for (int pass = 0; pass < 2; ++pass) w -= v.leftCols(k + 1) * (v.leftCols(k + 1).transpose() * w);
     beta(k + 1) = w.norm();
@@ -644,8 +657,10 @@ double SecondsSince(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
 }
 
-// Certified lambda_max(m^T m) for a point matrix m (entries of moderate size: see below).
-double GramLambdaMaxUp(const Eigen::MatrixXd& m, int threads, double* estimate, Deadline deadline, GramStats* stats) {
+// Certified lambda_max(m^T m) for a point matrix m (entries of moderate size: see below);
+// the Gram matrix and the factor in ws.
+double GramLambdaMaxUp(const Eigen::MatrixXd& m, int threads, double* estimate, Deadline deadline, GramStats* stats,
+                       GramWorkspace& ws) {
   RequireRoundToNearest();
   // The smaller Gram matrix; its error |fl(G) - G| <= gamma_k |m|^T |m| <= gamma_k c c^T
   // (c the column norms, Cauchy-Schwarz) has ||.||_2 <= gamma_k ||m||_F^2, plus k n eta.
@@ -657,22 +672,25 @@ double GramLambdaMaxUp(const Eigen::MatrixXd& m, int threads, double* estimate, 
   if (fro2 == 0) return 0.0;
   const double gram_err = AddUp(MulUp(GammaUp(double(k)), fro2), MulUp(double(k) * double(n), kEta));
   auto t = std::chrono::steady_clock::now();
-  Eigen::MatrixXd a = tall ? Gram(m, threads, deadline) : Gram(Eigen::MatrixXd(m.transpose()), threads, deadline);
+  Eigen::MatrixXd& a = ws.gram;
+  if (tall) GramInto(m, threads, deadline, &a);
+  else GramInto(Eigen::MatrixXd(m.transpose()), threads, deadline, &a);
   stats->gram_seconds += SecondsSince(t);
   if (Past(deadline)) return kInf;
   t = std::chrono::steady_clock::now();
-  const double theta = LanczosLambdaMax(a);
+  const double theta = LanczosLambdaMax(a, threads);
   stats->lanczos_seconds += SecondsSince(t);
   if (estimate) *estimate = theta;
   const double diag_max = a.diagonal().maxCoeff();
   // Cholesky of s I - G succeeds => s I - G + dA + dD >= 0 with |dA| <= gamma_{n+1} |R^T||R|
   // (Higham Thm 10.3, any summation order, so also the tiled ParallelCholesky), hence
   // lambda_max(G) <= s + gamma_{n+1} ||R||_F^2 + max_i |dD_ii| (rounding of s - G_ii).
+  Eigen::MatrixXd& c = ws.factor;
   double tau = std::max(1e-10, 64.0 * double(n) * kUnitRoundoff);
   for (int attempt = 0; attempt < 12; ++attempt, tau *= 8) {
     if (Past(deadline)) return kInf;
     const double s = MulUp(std::max(theta, 0.0), 1.0 + 2 * tau) + tau * diag_max * 1e-3;
-    Eigen::MatrixXd c = -a;
+    c = -a;  // same size: the storage is kept
     double diag_err = 0;
     for (Eigen::Index i = 0; i < n; ++i) {
       c(i, i) = s - a(i, i);
@@ -682,19 +700,13 @@ double GramLambdaMaxUp(const Eigen::MatrixXd& m, int threads, double* estimate, 
     ++stats->cholesky_attempts;
     const bool factored = ParallelCholesky(c, threads, deadline);
     stats->cholesky_seconds += SecondsSince(t);
-    if (!factored) continue;
-    double r2 = 0;
-    bool ok = true;
-    for (Eigen::Index col = 0; col < n && ok; ++col) {
-      if (!(c(col, col) > 0)) ok = false;
-      for (Eigen::Index row = col; row < n; ++row) {
-        const double x = c(row, col);
-        if (!std::isfinite(x)) ok = false;
-        r2 = AddUp(r2, MulUp(x, x));
-      }
-    }
-    if (!ok) continue;
-    const double chol_err = AddUp(MulUp(GammaUp(double(n + 1)), r2), diag_err);
+    if (!factored || !(c.diagonal().array() > 0).all()) continue;
+    // ||R||_F^2 over the factor (the lower triangle; the strict upper one still holds -G):
+    // the vectorised Frobenius bound, +inf or NaN for an entry that is not finite.
+    c.triangularView<Eigen::StrictlyUpper>().setZero();
+    const double r = NormFrobeniusUpper(c).value();
+    if (!(r < kInf)) continue;
+    const double chol_err = AddUp(MulUp(GammaUp(double(n + 1)), MulUp(r, r)), diag_err);
     return AddUp(AddUp(s, chol_err), gram_err);
   }
   return kInf;
@@ -702,39 +714,49 @@ double GramLambdaMaxUp(const Eigen::MatrixXd& m, int threads, double* estimate, 
 
 }  // namespace
 
-UpperBound NormL2UpperGram(const IntervalMatrix& a, int threads, double* estimate, Deadline deadline, GramStats* stats) {
-  GramStats local;
-  if (!stats) stats = &local;
-  if (a.mid.size() == 0) return UpperBound(0.0);
-  const Eigen::MatrixXd& m = a.mid;
-  for (Eigen::Index e = 0; e < m.size(); ++e)
-    if (!std::isfinite(m.data()[e]) || !std::isfinite(a.rad.data()[e])) return UpperBound(kInf);
+UpperBound NormL2UpperGram(const Eigen::MatrixXd& m, int threads, double* estimate, Deadline deadline, GramStats* stats,
+                           GramWorkspace* workspace) {
+  GramStats local_stats;
+  if (!stats) stats = &local_stats;
+  GramWorkspace local_ws;
+  GramWorkspace& ws = workspace ? *workspace : local_ws;
+  if (m.size() == 0) return UpperBound(0.0);
+  if (!m.allFinite()) return UpperBound(kInf);
   // Scale by 2^-e so that max |m_ij| is in [1, 2) (exact unless entries become subnormal,
   // which adds at most sqrt(rows cols) eta / 2 to the norm).
   const double amax = m.cwiseAbs().maxCoeff();
-  // The radius is rounding-sized: its Frobenius norm (one pass) is enough unless it is not
-  // negligible, when the Collatz-Wielandt bound below is tried as well.
-  UpperBound rad = a.rad.maxCoeff() == 0.0 ? UpperBound(0.0) : NormFrobeniusUpper(a.rad);
-  if (amax == 0.0) return rad;
+  if (amax == 0.0) return UpperBound(0.0);
   const int e = std::ilogb(amax);
-  // Products with powers of two: exact unless a result is subnormal (checked by undoing it).
-  Eigen::MatrixXd ms(m.rows(), m.cols());
+  // Products with powers of two: exact unless a result is subnormal or zero. Every such
+  // result of a nonzero entry counts as inexact (only the term below is added for it).
+  Eigen::MatrixXd& ms = ws.scaled;
   bool inexact = false;
   if (std::abs(e) < 1000) {
     ms = m * std::ldexp(1.0, -e);
-    inexact = ((ms * std::ldexp(1.0, e)).array() != m.array()).any();
+    inexact = ((ms.array().abs() < std::numeric_limits<double>::min()) && (m.array() != 0.0)).any();
   } else {
+    ms.resize(m.rows(), m.cols());
     for (Eigen::Index i = 0; i < m.size(); ++i) {
       ms.data()[i] = std::ldexp(m.data()[i], -e);
       inexact |= std::ldexp(ms.data()[i], e) != m.data()[i];
     }
   }
   double est = 0;
-  double ns = SqrtUp(std::max(0.0, GramLambdaMaxUp(ms, threads, &est, deadline, stats)));
+  double ns = SqrtUp(std::max(0.0, GramLambdaMaxUp(ms, threads, &est, deadline, stats, ws)));
   if (inexact) ns = AddUp(ns, MulUp(SqrtUp(double(m.rows()) * double(m.cols())), kEta));
   const double scale = std::ldexp(1.0, e);
   if (estimate) *estimate = std::sqrt(std::max(est, 0.0)) * scale;
-  const UpperBound mid(std::isfinite(scale) ? MulUp(ns, scale) : kInf);
+  return UpperBound(std::isfinite(scale) ? MulUp(ns, scale) : kInf);
+}
+
+UpperBound NormL2UpperGram(const IntervalMatrix& a, int threads, double* estimate, Deadline deadline, GramStats* stats,
+                           GramWorkspace* workspace) {
+  if (a.mid.size() == 0) return UpperBound(0.0);
+  if (!a.rad.allFinite()) return UpperBound(kInf);
+  // The radius is rounding-sized: its Frobenius norm (one pass) is enough unless it is not
+  // negligible, when the Collatz-Wielandt bound below is tried as well.
+  UpperBound rad = a.rad.maxCoeff() == 0.0 ? UpperBound(0.0) : NormFrobeniusUpper(a.rad);
+  const UpperBound mid = NormL2UpperGram(a.mid, threads, estimate, deadline, stats, workspace);
   if (rad.value() > 1e-9 * mid.value()) rad = Min(rad, NormL2UpperNonneg(a.rad));
   const UpperBound total = mid + rad;
   // The crude norms (three passes over a) only when the certificate failed.
@@ -937,6 +959,7 @@ UpperBound DeflatedSuperBlockBound(const BlockAssembler& block, int n, int d, co
   // still to come fit before the deadline (anytime, as the plain super-blocks).
   double gram_s = m_max * m_max * m_max * (0.5 + 1.0 / 3) / 1.5e10, rest_s = 0;
   const bool frobenius = long(g) * d > o.block_limit;
+  GramWorkspace workspace;  // the blocks' certificates share their storage
   int done = 0;
   for (int i = 0; i < groups; ++i) {
     const auto [ri, mi] = rows(i);
@@ -963,8 +986,7 @@ UpperBound DeflatedSuperBlockBound(const BlockAssembler& block, int n, int d, co
       double dense = kInf;
       if (!frobenius && gram_s + rest_s * double(groups * groups - done - 1) <= left) {
         const auto t_block = std::chrono::steady_clock::now();
-        dense = NormL2UpperGram(IntervalMatrix(std::move(f), Eigen::MatrixXd::Zero(mi, mc)), o.threads, nullptr, o.deadline,
-                                &rep->gram).value();
+        dense = NormL2UpperGram(f, o.threads, nullptr, o.deadline, &rep->gram, &workspace).value();
         gram_s = SecondsSince(t_block);
       }
       if (std::isfinite(dense)) ++rep->exact_blocks;
@@ -1044,6 +1066,7 @@ UpperBound PlainSuperBlockBound(const CentreState& S, const CentreNormOptions& o
   };
   Eigen::MatrixXd b(groups, groups);
   IntervalMatrix blk;  // one block's storage, reused (no fresh pages per block)
+  GramWorkspace workspace;  // and its certificate's
   double assembly_s = 0;  // per block, the largest measured
   for (int ir = 0; ir < groups; ++ir)
     for (int kc = 0; kc < groups; ++kc) {
@@ -1061,7 +1084,7 @@ UpperBound PlainSuperBlockBound(const CentreState& S, const CentreNormOptions& o
       if (assembly_s + gram_s > SecondsLeft(o.deadline)) break;
       assemble(ir, kc, &blk);
       const auto t_gram = std::chrono::steady_clock::now();
-      const double dense = NormL2UpperGram(blk, o.threads, nullptr, o.deadline, &rep.gram).value();
+      const double dense = NormL2UpperGram(blk, o.threads, nullptr, o.deadline, &rep.gram, &workspace).value();
       gram_s = SecondsSince(t_gram);
       if (!std::isfinite(dense)) continue;  // the deadline passed inside: the Frobenius norm stays
       ++rep.exact_blocks;

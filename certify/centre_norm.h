@@ -146,11 +146,22 @@ int DeflationVectorsThatFit(const AttentionLayer& layer, int tokens, const Centr
 IntervalMatrix CentreJacobianEnclosure(const AttentionLayer& layer, const Eigen::MatrixXd& x0,
                                        const CentreNormOptions& opts = {});
 
+// Storage for the dense certificate: the scaled matrix, its Gram matrix and the Cholesky
+// factor. Blocks of one size certified one after another through the same workspace reuse
+// it (no fresh pages per block); without one, each call allocates its own.
+struct GramWorkspace {
+  Eigen::MatrixXd scaled, gram, factor;
+};
+
 // Certified ||a||_2 over the enclosure, with the fast dense certificate described above.
 // +inf once `deadline` has passed (checked between Gram tiles and Cholesky attempts).
 UpperBound NormL2UpperGram(const IntervalMatrix& a, int threads = 0, double* estimate = nullptr,
                            std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max(),
-                           GramStats* stats = nullptr);
+                           GramStats* stats = nullptr, GramWorkspace* workspace = nullptr);
+// The same for a point matrix (no radius to carry).
+UpperBound NormL2UpperGram(const Eigen::MatrixXd& m, int threads = 0, double* estimate = nullptr,
+                           std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max(),
+                           GramStats* stats = nullptr, GramWorkspace* workspace = nullptr);
 
 // ||J(x0)||_inf (the largest absolute row sum), certified from both sides from the same
 // enclosure, streamed in token tiles of block_limit rows (never all of J in memory):
