@@ -448,12 +448,14 @@ TEST(CentreNormTest, ExactAtLargerSizesAgainstTheDenseReference) {
 // The dense certificate on matrices larger than one Cholesky tile (256), sizes not a
 // multiple of it, with prescribed singular values (a clear top, a near-tie 1e-9 below
 // it, an exact tie): above the SVD's sigma_1 (double, about 1e-15 relative), within 1e-7
-// of it; a passed deadline gives +inf.
+// of it; the same through the point overload and one shared workspace, and scaled into
+// the subnormal range; a passed deadline gives +inf.
 TEST(CentreNormTest, TiledGramCertificateIsExactAboveTheSvd) {
   std::mt19937_64 rng(1404);
   std::normal_distribution<double> gauss(0.0, 1.0);
   const int cases = std::max(3, int(6 * TestScale()));
   int checked = 0;
+  GramWorkspace workspace;
   for (int t = 0; t < cases; ++t) {
     const int n = 257 + int(rng() % 400), m = n + int(rng() % 50);
     auto orthonormal = [&](int rows, int cols) {
@@ -475,6 +477,23 @@ TEST(CentreNormTest, TiledGramCertificateIsExactAboveTheSvd) {
     EXPECT_LE(b.value(), sigma * (1 + 1e-7));
     EXPECT_NEAR(estimate, sigma, 1e-9 * sigma);
     EXPECT_GE(stats.cholesky_attempts, 1);
+    // The point overload through one workspace shared by every case (sizes differ), and
+    // the same matrix scaled into the subnormal range (its sigma_1 exactly, from the
+    // scaled-back copy: scaling a subnormal up by 2^1040 is exact).
+    EXPECT_EQ(NormL2UpperGram(a, 2, nullptr, std::chrono::steady_clock::time_point::max(), nullptr, &workspace).value(),
+              b.value());
+    // (All of it, 2^-1030 a, compared at 2^1030 times: exact both ways; and one column
+    // only beside normal entries: the two scaling routes.)
+    Eigen::MatrixXd tiny = a * std::ldexp(1.0, -1030), mixed = a * 32.0;
+    mixed.col(0) *= std::ldexp(1.0, -1030);
+    const double sigma_tiny = Sigma1(Eigen::MatrixXd(tiny * std::ldexp(1.0, 515) * std::ldexp(1.0, 515)));
+    const auto max_time = std::chrono::steady_clock::time_point::max();
+    const double b_tiny = NormL2UpperGram(tiny, 2, nullptr, max_time, nullptr, &workspace).value();
+    const double b_mixed = NormL2UpperGram(mixed, 2, nullptr, max_time, nullptr, &workspace).value();
+    EXPECT_GE(std::ldexp(std::ldexp(b_tiny, 515), 515), sigma_tiny * (1 - 1e-13));
+    EXPECT_LE(std::ldexp(std::ldexp(b_tiny, 515), 515), sigma_tiny * (1 + 1e-7));
+    EXPECT_GE(b_mixed, Sigma1(mixed) * (1 - 1e-13));
+    EXPECT_LE(b_mixed, Sigma1(mixed) * (1 + 1e-7));
     ++checked;
   }
   EXPECT_EQ(checked, cases);
