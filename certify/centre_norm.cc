@@ -555,7 +555,8 @@ IntervalMatrix AssembleBlock(const CentreState& S, int r0, int r1, int c0, int c
 using Deadline = std::chrono::steady_clock::time_point;
 bool Past(Deadline d) { return std::chrono::steady_clock::now() >= d; }
 
-void GramInto(const Eigen::MatrixXd& m, int threads, Deadline deadline, Eigen::MatrixXd* g) {
+template <typename Matrix>
+void GramInto(const Matrix& m, int threads, Deadline deadline, Matrix* g) {
   const Eigen::Index n = m.cols(), tile = 256;
   const int nt = int((n + tile - 1) / tile);
   std::vector<std::pair<int, int>> tasks;
@@ -657,10 +658,13 @@ double SecondsSince(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
 }
 
+// The float format's unit roundoff and underflow unit.
+constexpr double kUnitRoundoffSingle = 0x1p-24, kEtaSingle = 0x1p-150;
+
 // Certified lambda_max(m^T m) for a point matrix m (entries of moderate size: see below);
 // the Gram matrix and the factor in ws.
 double GramLambdaMaxUp(const Eigen::MatrixXd& m, int threads, double* estimate, Deadline deadline, GramStats* stats,
-                       GramWorkspace& ws) {
+                       GramWorkspace& ws, GramPrecision precision) {
   RequireRoundToNearest();
   // The smaller Gram matrix; its error |fl(G) - G| <= gamma_k |m|^T |m| <= gamma_k c c^T
   // (c the column norms, Cauchy-Schwarz) has ||.||_2 <= gamma_k ||m||_F^2, plus k n eta.
@@ -670,15 +674,42 @@ double GramLambdaMaxUp(const Eigen::MatrixXd& m, int threads, double* estimate, 
   const double fro = NormFrobeniusUpper(m).value();
   const double fro2 = MulUp(fro, fro);
   if (fro2 == 0) return 0.0;
-  const double gram_err = AddUp(MulUp(GammaUp(double(k)), fro2), MulUp(double(k) * double(n), kEta));
+  const bool single = precision == GramPrecision::kSingle;
+  // In single precision the Gram matrix is that of m32 = fl32(m), with |m - m32| <= u32 |m|
+  // + eta32 entrywise (round to nearest; m is scaled to max |m_ij| in [1, 2), so nothing
+  // overflows), hence ||m||_2 <= ||m32||_2 + conv and ||m32||_F <= (1 + u32) ||m||_F + conv,
+  // conv = u32 ||m||_F + sqrt(k n) eta32. Its float products and sums: gamma_k(u32) and
+  // k n eta32, as above.
+  const double conv = single ? AddUp(MulUp(kUnitRoundoffSingle, fro), MulUp(SqrtUp(double(k) * double(n)), kEtaSingle))
+                             : 0.0;
+  double gram_err;
+  if (single) {
+    const double ku = MulUp(double(k), kUnitRoundoffSingle);
+    if (!(ku < 1.0)) return kInf;
+    const double gamma = DivUp(ku, SubDown(1.0, ku));
+    const double fro32 = AddUp(MulUp(fro, AddUp(1.0, kUnitRoundoffSingle)), conv);
+    gram_err = AddUp(MulUp(gamma, MulUp(fro32, fro32)), MulUp(double(k) * double(n), kEtaSingle));
+  } else {
+    gram_err = AddUp(MulUp(GammaUp(double(k)), fro2), MulUp(double(k) * double(n), kEta));
+  }
   auto t = std::chrono::steady_clock::now();
   Eigen::MatrixXd& a = ws.gram;
-  if (tall) GramInto(m, threads, deadline, &a);
-  else GramInto(Eigen::MatrixXd(m.transpose()), threads, deadline, &a);
+  if (single) {
+    if (tall) ws.single = m.cast<float>();
+    else ws.single = m.transpose().cast<float>();
+    GramInto(ws.single, threads, deadline, &ws.gram_single);
+    a = ws.gram_single.cast<double>();  // exact
+  } else if (tall) {
+    GramInto(m, threads, deadline, &a);
+  } else {
+    GramInto(Eigen::MatrixXd(m.transpose()), threads, deadline, &a);
+  }
   stats->gram_seconds += SecondsSince(t);
   if (Past(deadline)) return kInf;
   t = std::chrono::steady_clock::now();
-  const double theta = LanczosLambdaMax(a, threads);
+  // The estimate needs to be as close as the margin tau below: in single precision the
+  // Gram matrix's own rounding (about 1e-4 relative) dwarfs a margin of 1e-8.
+  const double theta = LanczosLambdaMax(a, threads, 120, single ? 1e-9 : 1e-13);
   stats->lanczos_seconds += SecondsSince(t);
   if (estimate) *estimate = theta;
   const double diag_max = a.diagonal().maxCoeff();
@@ -686,7 +717,7 @@ double GramLambdaMaxUp(const Eigen::MatrixXd& m, int threads, double* estimate, 
   // (Higham Thm 10.3, any summation order, so also the tiled ParallelCholesky), hence
   // lambda_max(G) <= s + gamma_{n+1} ||R||_F^2 + max_i |dD_ii| (rounding of s - G_ii).
   Eigen::MatrixXd& c = ws.factor;
-  double tau = std::max(1e-10, 64.0 * double(n) * kUnitRoundoff);
+  double tau = std::max(single ? 1e-8 : 1e-10, 64.0 * double(n) * kUnitRoundoff);
   for (int attempt = 0; attempt < 12; ++attempt, tau *= 8) {
     if (Past(deadline)) return kInf;
     const double s = MulUp(std::max(theta, 0.0), 1.0 + 2 * tau) + tau * diag_max * 1e-3;
@@ -707,7 +738,10 @@ double GramLambdaMaxUp(const Eigen::MatrixXd& m, int threads, double* estimate, 
     const double r = NormFrobeniusUpper(c).value();
     if (!(r < kInf)) continue;
     const double chol_err = AddUp(MulUp(GammaUp(double(n + 1)), MulUp(r, r)), diag_err);
-    return AddUp(AddUp(s, chol_err), gram_err);
+    const double lambda = AddUp(AddUp(s, chol_err), gram_err);
+    if (!single) return lambda;
+    const double norm = AddUp(SqrtUp(lambda), conv);  // ||m||_2 <= ||m32||_2 + conv
+    return MulUp(norm, norm);
   }
   return kInf;
 }
@@ -715,7 +749,7 @@ double GramLambdaMaxUp(const Eigen::MatrixXd& m, int threads, double* estimate, 
 }  // namespace
 
 UpperBound NormL2UpperGram(const Eigen::MatrixXd& m, int threads, double* estimate, Deadline deadline, GramStats* stats,
-                           GramWorkspace* workspace) {
+                           GramWorkspace* workspace, GramPrecision precision) {
   GramStats local_stats;
   if (!stats) stats = &local_stats;
   GramWorkspace local_ws;
@@ -742,7 +776,7 @@ UpperBound NormL2UpperGram(const Eigen::MatrixXd& m, int threads, double* estima
     }
   }
   double est = 0;
-  double ns = SqrtUp(std::max(0.0, GramLambdaMaxUp(ms, threads, &est, deadline, stats, ws)));
+  double ns = SqrtUp(std::max(0.0, GramLambdaMaxUp(ms, threads, &est, deadline, stats, ws, precision)));
   if (inexact) ns = AddUp(ns, MulUp(SqrtUp(double(m.rows()) * double(m.cols())), kEta));
   const double scale = std::ldexp(1.0, e);
   if (estimate) *estimate = std::sqrt(std::max(est, 0.0)) * scale;
@@ -750,13 +784,13 @@ UpperBound NormL2UpperGram(const Eigen::MatrixXd& m, int threads, double* estima
 }
 
 UpperBound NormL2UpperGram(const IntervalMatrix& a, int threads, double* estimate, Deadline deadline, GramStats* stats,
-                           GramWorkspace* workspace) {
+                           GramWorkspace* workspace, GramPrecision precision) {
   if (a.mid.size() == 0) return UpperBound(0.0);
   if (!a.rad.allFinite()) return UpperBound(kInf);
   // The radius is rounding-sized: its Frobenius norm (one pass) is enough unless it is not
   // negligible, when the Collatz-Wielandt bound below is tried as well.
   UpperBound rad = a.rad.maxCoeff() == 0.0 ? UpperBound(0.0) : NormFrobeniusUpper(a.rad);
-  const UpperBound mid = NormL2UpperGram(a.mid, threads, estimate, deadline, stats, workspace);
+  const UpperBound mid = NormL2UpperGram(a.mid, threads, estimate, deadline, stats, workspace, precision);
   if (rad.value() > 1e-9 * mid.value()) rad = Min(rad, NormL2UpperNonneg(a.rad));
   const UpperBound total = mid + rad;
   // The crude norms (three passes over a) only when the certificate failed.
@@ -856,12 +890,44 @@ std::chrono::steady_clock::time_point BasisDeadline(std::chrono::steady_clock::t
   return now + std::min<std::chrono::steady_clock::duration>((deadline - now) / 2, cap);
 }
 
+namespace {
+
+// w -= Q (Q^T w), twice (classical Gram-Schmidt: twice is enough), the rows of Q in chunks
+// on `threads` workers: both products read all of Q, so the memory traffic is what is
+// shared out.
+void Reorthogonalise(const Eigen::Ref<const Eigen::MatrixXd>& q, Eigen::VectorXd& w, int threads) {
+  constexpr Eigen::Index kChunk = 4096;
+  const Eigen::Index rows = q.rows();
+  const int chunks = int((rows + kChunk - 1) / kChunk);
+  const int workers = WorkerCount(threads, chunks);
+  std::vector<Eigen::VectorXd> partial(workers);
+  for (int pass = 0; pass < 2; ++pass) {
+    for (auto& p : partial) p.setZero(q.cols());
+    ParallelFor(chunks, workers, [&](int c, int worker) {
+      const Eigen::Index r0 = c * kChunk, rn = std::min(kChunk, rows - r0);
+      partial[worker].noalias() += q.middleRows(r0, rn).transpose() * w.segment(r0, rn);
+    });
+    Eigen::VectorXd h = partial[0];
+    for (int t = 1; t < workers; ++t) h += partial[t];
+    ParallelFor(chunks, workers, [&](int c, int) {
+      const Eigen::Index r0 = c * kChunk, rn = std::min(kChunk, rows - r0);
+      w.segment(r0, rn).noalias() -= q.middleRows(r0, rn) * h;
+    });
+  }
+}
+
+}  // namespace
+
 DeflationBasis DeflationBasisOf(const AttentionLayer& layer, const Eigen::MatrixXd& x0, int k, int threads,
                                 std::chrono::steady_clock::time_point deadline) {
   const long nd = long(x0.rows()) * x0.cols();
   if (k < 1 || k > nd) throw std::invalid_argument("deflation: k must be in [1, N D]");
-  const auto normal = NormalProduct(layer, x0, threads);
-  Eigen::MatrixXd q(nd, k);
+  const JacobianProducts products = JacobianProductsOf(layer, x0, threads);
+  DeflationBasis out;
+  Eigen::MatrixXd& q = out.v;
+  Eigen::MatrixXd& y = out.y;  // y_j = fl(J q_j), the first half of each step's J^T J q_j
+  q.resize(nd, k);
+  y.resize(nd, k);
   std::mt19937_64 rng(20261205);
   std::normal_distribution<double> gauss(0.0, 1.0);
   for (long i = 0; i < nd; ++i) q(i, 0) = gauss(rng);
@@ -873,22 +939,21 @@ DeflationBasis DeflationBasisOf(const AttentionLayer& layer, const Eigen::Matrix
       cols = j + 1;
       break;
     }
-    normal(q.col(j).data(), w.data());
+    products.jvp(q.col(j).data(), y.col(j).data());
+    products.vjp(y.col(j).data(), w.data());
     const double before = w.norm();
-    for (int pass = 0; pass < 2; ++pass) w -= q.leftCols(j + 1) * (q.leftCols(j + 1).transpose() * w);
+    Reorthogonalise(q.leftCols(j + 1), w, threads);
     double b = w.norm();
     if (!(b > 1e-8 * before) || !(b > 1e-300)) {  // (numerically) invariant: a random direction
       for (long i = 0; i < nd; ++i) w(i) = gauss(rng);
-      for (int pass = 0; pass < 2; ++pass) w -= q.leftCols(j + 1) * (q.leftCols(j + 1).transpose() * w);
+      Reorthogonalise(q.leftCols(j + 1), w, threads);
       b = w.norm();
     }
     q.col(j + 1) = w / b;
   }
-  DeflationBasis out;
-  out.v = q.leftCols(cols);
-  out.y.resize(nd, cols);
-  const auto jvp = JacobianProduct(layer, x0, threads);
-  for (int j = 0; j < cols; ++j) jvp(out.v.col(j).data(), out.y.col(j).data());
+  products.jvp(q.col(cols - 1).data(), y.col(cols - 1).data());
+  q.conservativeResize(nd, cols);
+  y.conservativeResize(nd, cols);
   return out;
 }
 
@@ -929,8 +994,9 @@ double SumErrorF(double terms, double abs_terms_f, double rows, double cols) {
 // F = fl(M - Y_I V_K^T), and ||E_IK - F||_F <= ||R||_F + the rounding of F; then D and E^T Y
 // are accumulated from F by floating GEMMs, their rounding and the F - E terms bounded
 // norm-wise. Three GEMMs of m x m x k per block and the block's Gram certificate.
-// `block(r0, r1, c0, c1)` encloses the block of J for tokens [r0, r1) x [c0, c1).
-using BlockAssembler = std::function<IntervalMatrix(int r0, int r1, int c0, int c1)>;
+// `block(r0, r1, c0, c1, &out)` encloses the block of J for tokens [r0, r1) x [c0, c1) in
+// out (every entry written; out's storage is reused from block to block).
+using BlockAssembler = std::function<void(int r0, int r1, int c0, int c1, IntervalMatrix* out)>;
 UpperBound DeflatedSuperBlockBound(const BlockAssembler& block, int n, int d, const Eigen::MatrixXd& v,
                                    const Eigen::MatrixXd& y, int g, const CentreNormOptions& o, CentreNormReport* rep) {
   const ScopedSoundFpEnvironment fp_guard;
@@ -959,7 +1025,8 @@ UpperBound DeflatedSuperBlockBound(const BlockAssembler& block, int n, int d, co
   // still to come fit before the deadline (anytime, as the plain super-blocks).
   double gram_s = m_max * m_max * m_max * (0.5 + 1.0 / 3) / 1.5e10, rest_s = 0;
   const bool frobenius = long(g) * d > o.block_limit;
-  GramWorkspace workspace;  // the blocks' certificates share their storage
+  IntervalMatrix blk;        // one block's storage, reused (no fresh pages per block)
+  GramWorkspace workspace;  // and its certificate's
   int done = 0;
   for (int i = 0; i < groups; ++i) {
     const auto [ri, mi] = rows(i);
@@ -967,10 +1034,10 @@ UpperBound DeflatedSuperBlockBound(const BlockAssembler& block, int n, int d, co
       if (Past(o.deadline)) return UpperBound(kInf);
       const auto [rc, mc] = rows(c);
       const auto t_rest = std::chrono::steady_clock::now();
-      IntervalMatrix blk = block(i * g, std::min(n, (i + 1) * g), c * g, std::min(n, (c + 1) * g));
+      block(i * g, std::min(n, (i + 1) * g), c * g, std::min(n, (c + 1) * g), &blk);
       const double m_f = NormFrobeniusUpper(blk.mid).value();
       const double r_f = NormFrobeniusUpper(blk.rad).value();  // +inf for a NaN radius
-      Eigen::MatrixXd f = std::move(blk.mid);
+      Eigen::MatrixXd& f = blk.mid;  // F, in place of M
       GemmInto(y.middleRows(ri, mi), v.middleRows(rc, mc).transpose(), -1.0, f, o.threads);
       // ||E_IK - F||_F <= ||R||_F + the rounding of F's k + 1 terms (|M| + |Y_I| |V_K|^T).
       const double rho = AddUp(r_f, SumErrorF(k + 1, AddUp(m_f, MulUp(y_f[i], v_f[c])), double(mi), double(mc)));
@@ -986,7 +1053,7 @@ UpperBound DeflatedSuperBlockBound(const BlockAssembler& block, int n, int d, co
       double dense = kInf;
       if (!frobenius && gram_s + rest_s * double(groups * groups - done - 1) <= left) {
         const auto t_block = std::chrono::steady_clock::now();
-        dense = NormL2UpperGram(f, o.threads, nullptr, o.deadline, &rep->gram, &workspace).value();
+        dense = NormL2UpperGram(f, o.threads, nullptr, o.deadline, &rep->gram, &workspace, GramPrecision::kSingle).value();
         gram_s = SecondsSince(t_block);
       }
       if (std::isfinite(dense)) ++rep->exact_blocks;
@@ -1084,7 +1151,8 @@ UpperBound PlainSuperBlockBound(const CentreState& S, const CentreNormOptions& o
       if (assembly_s + gram_s > SecondsLeft(o.deadline)) break;
       assemble(ir, kc, &blk);
       const auto t_gram = std::chrono::steady_clock::now();
-      const double dense = NormL2UpperGram(blk, o.threads, nullptr, o.deadline, &rep.gram, &workspace).value();
+      const double dense =
+          NormL2UpperGram(blk, o.threads, nullptr, o.deadline, &rep.gram, &workspace, GramPrecision::kSingle).value();
       gram_s = SecondsSince(t_gram);
       if (!std::isfinite(dense)) continue;  // the deadline passed inside: the Frobenius norm stays
       ++rep.exact_blocks;
@@ -1122,7 +1190,9 @@ CentreNormReport DeflatedReport(const CentreNormOptions& o, int n, int d) {
 }
 
 BlockAssembler AssemblerOf(const CentreState& S, int threads) {
-  return [&S, threads](int r0, int r1, int c0, int c1) { return AssembleBlock(S, r0, r1, c0, c1, threads); };
+  return [&S, threads](int r0, int r1, int c0, int c1, IntervalMatrix* out) {
+    AssembleBlockInto(S, r0, r1, c0, c1, threads, out);
+  };
 }
 
 }  // namespace
@@ -1155,7 +1225,7 @@ UpperBound DeflatedPostLnCentreNormUpperBound(const AttentionLayer& mha, const E
   const CentreState S = EncloseCentre(mha, x0, o);
   double mha_f2 = 0;  // >= ||J_MHA(X0)||_F^2, summed over the blocks as they are assembled
   // Block (I, K) of blockdiag(J_LN) (I + J_MHA): row token i's rows times its J_LN enclosure.
-  const BlockAssembler block = [&](int r0, int r1, int c0, int c1) {
+  const BlockAssembler block = [&](int r0, int r1, int c0, int c1, IntervalMatrix* result) {
     IntervalMatrix m = AssembleBlock(S, r0, r1, c0, c1, o.threads);
     const double f = NormFrobeniusUpper(m).value();
     mha_f2 = AddUp(mha_f2, MulUp(f, f));
@@ -1167,7 +1237,7 @@ UpperBound DeflatedPostLnCentreNormUpperBound(const AttentionLayer& mha, const E
       out.mid.middleRows(long(t) * d, d) = prod.mid;
       out.rad.middleRows(long(t) * d, d) = prod.rad;
     });
-    return out;
+    *result = std::move(out);
   };
   CentreNormReport rep = DeflatedReport(o, n, d);
   UpperBound bound = DeflatedSuperBlockBound(block, n, d, v, y, rep.group_tokens, o, &rep);

@@ -151,17 +151,27 @@ IntervalMatrix CentreJacobianEnclosure(const AttentionLayer& layer, const Eigen:
 // it (no fresh pages per block); without one, each call allocates its own.
 struct GramWorkspace {
   Eigen::MatrixXd scaled, gram, factor;
+  Eigen::MatrixXf single, gram_single;  // GramPrecision::kSingle
 };
+
+// The precision of the dense certificate's Gram matrix (the Cholesky factor is always in
+// double). kDouble: within about 1e-13 relative of sigma_1. kSingle: the Gram matrix of
+// fl32(m) in float, about twice as fast; its rounding is bounded by gamma_k(2^-24)
+// ||m||_F^2, about 2e-4 ||m||_F^2 at k = 3072. For the super-blocks' blocks, whose block
+// structure loses far more than that.
+enum class GramPrecision { kDouble, kSingle };
 
 // Certified ||a||_2 over the enclosure, with the fast dense certificate described above.
 // +inf once `deadline` has passed (checked between Gram tiles and Cholesky attempts).
 UpperBound NormL2UpperGram(const IntervalMatrix& a, int threads = 0, double* estimate = nullptr,
                            std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max(),
-                           GramStats* stats = nullptr, GramWorkspace* workspace = nullptr);
+                           GramStats* stats = nullptr, GramWorkspace* workspace = nullptr,
+                           GramPrecision precision = GramPrecision::kDouble);
 // The same for a point matrix (no radius to carry).
 UpperBound NormL2UpperGram(const Eigen::MatrixXd& m, int threads = 0, double* estimate = nullptr,
                            std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max(),
-                           GramStats* stats = nullptr, GramWorkspace* workspace = nullptr);
+                           GramStats* stats = nullptr, GramWorkspace* workspace = nullptr,
+                           GramPrecision precision = GramPrecision::kDouble);
 
 // ||J(x0)||_inf (the largest absolute row sum), certified from both sides from the same
 // enclosure, streamed in token tiles of block_limit rows (never all of J in memory):

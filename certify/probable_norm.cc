@@ -65,15 +65,9 @@ double KuczynskiWozniakowskiEpsilon(double n, int k, double delta) {
   return std::max(0.0, MulUp(root, root));
 }
 
-namespace {
-
-// v -> J v and u -> J^T u at x0 in floating point (flat, row-major (token, feature)).
-struct Products {
-  std::function<void(const double*, double*)> jvp, vjp;
-};
-Products ProductsOf(const AttentionLayer& layer, const Eigen::MatrixXd& x0, int threads) {
+JacobianProducts JacobianProductsOf(const AttentionLayer& layer, const Eigen::MatrixXd& x0, int threads) {
   const int tokens = int(x0.rows()), d = layer.d_model;
-  Products p;
+  JacobianProducts p;
   if (layer.post_ln()) {
     auto state = std::make_shared<const LayerState<double>>(Evaluate<double>(layer, x0));
     p.jvp = [layer, state, tokens, d](const double* v, double* out) {
@@ -95,11 +89,9 @@ Products ProductsOf(const AttentionLayer& layer, const Eigen::MatrixXd& x0, int 
   return p;
 }
 
-}  // namespace
-
 std::function<void(const double*, double*)> NormalProduct(const AttentionLayer& layer, const Eigen::MatrixXd& x0,
                                                           int threads) {
-  const Products p = ProductsOf(layer, x0, threads);
+  const JacobianProducts p = JacobianProductsOf(layer, x0, threads);
   const long n = long(x0.rows()) * layer.d_model;
   return [p, n](const double* v, double* out) {
     std::vector<double> jv(static_cast<size_t>(n));
@@ -110,7 +102,7 @@ std::function<void(const double*, double*)> NormalProduct(const AttentionLayer& 
 
 std::function<void(const double*, double*)> JacobianProduct(const AttentionLayer& layer, const Eigen::MatrixXd& x0,
                                                             int threads) {
-  return ProductsOf(layer, x0, threads).jvp;
+  return JacobianProductsOf(layer, x0, threads).jvp;
 }
 
 ProbableUpperBound ProbableJacobianNormUpper(const AttentionLayer& layer, const Eigen::MatrixXd& x0,

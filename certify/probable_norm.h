@@ -72,10 +72,16 @@ double KuczynskiWozniakowskiEpsilon(double n, int k, double delta);
 std::function<void(const double* v, double* out)> NormalProduct(const AttentionLayer& layer, const Eigen::MatrixXd& x0,
                                                                  int threads);
 
-// v -> J(x0) v in floating point, the same layouts and operators as NormalProduct (the
-// centre norm's deflation takes J V from it).
+// v -> J(x0) v in floating point, the same layouts and operators as NormalProduct.
 std::function<void(const double* v, double* out)> JacobianProduct(const AttentionLayer& layer, const Eigen::MatrixXd& x0,
                                                                    int threads);
+
+// Both products from one set-up, the same layouts and operators: jvp v -> J(x0) v and
+// vjp u -> J(x0)^T u (the centre norm's deflation keeps the J q of its Lanczos steps as Y).
+struct JacobianProducts {
+  std::function<void(const double* v, double* out)> jvp, vjp;
+};
+JacobianProducts JacobianProductsOf(const AttentionLayer& layer, const Eigen::MatrixXd& x0, int threads);
 
 // The bound for the layer's full Jacobian at x0 (N x D): the attention, the pre-LN sublayer
 // X + MHA(LN(X)) and the post-LN sublayer LN(X + MHA(X)) alike. Throws std::invalid_argument on invalid options

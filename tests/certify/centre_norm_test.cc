@@ -449,7 +449,7 @@ TEST(CentreNormTest, ExactAtLargerSizesAgainstTheDenseReference) {
 // multiple of it, with prescribed singular values (a clear top, a near-tie 1e-9 below
 // it, an exact tie): above the SVD's sigma_1 (double, about 1e-15 relative), within 1e-7
 // of it; the same through the point overload and one shared workspace, and scaled into
-// the subnormal range; a passed deadline gives +inf.
+// the subnormal range; in single precision above it; a passed deadline gives +inf.
 TEST(CentreNormTest, TiledGramCertificateIsExactAboveTheSvd) {
   std::mt19937_64 rng(1404);
   std::normal_distribution<double> gauss(0.0, 1.0);
@@ -494,9 +494,31 @@ TEST(CentreNormTest, TiledGramCertificateIsExactAboveTheSvd) {
     EXPECT_LE(std::ldexp(std::ldexp(b_tiny, 515), 515), sigma_tiny * (1 + 1e-7));
     EXPECT_GE(b_mixed, Sigma1(mixed) * (1 - 1e-13));
     EXPECT_LE(b_mixed, Sigma1(mixed) * (1 + 1e-7));
+    // The Gram matrix in single precision (the super-blocks' blocks): still above, and
+    // within its gamma_k(2^-24) ||a||_F^2 (about 3e-3 relative here).
+    const double b_single = NormL2UpperGram(IntervalMatrix::Point(a), 2, nullptr, max_time, nullptr, &workspace,
+                                            GramPrecision::kSingle).value();
+    EXPECT_GE(b_single, sigma * (1 - 1e-13));
+    EXPECT_LE(b_single, sigma * (1 + 1e-2));
     ++checked;
   }
   EXPECT_EQ(checked, cases);
+  // Adversarial for single precision: entries 0.49 ulp above floats in [1, 1.01), so that
+  // fl32 shrinks every one by the same factor 1 + 0.49 2^-23 (5.8e-8, above the
+  // certificate's margin): the conversion's term has to carry it.
+  {
+    std::uniform_real_distribution<float> unit(1.0f, 1.01f);
+    Eigen::MatrixXd up(300, 280);
+    for (Eigen::Index e = 0; e < up.size(); ++e) {
+      const float f = unit(rng);
+      up.data()[e] = double(f) + 0.49 * double(std::nextafter(f, 2.0f) - f);
+    }
+    EXPECT_TRUE((up.cast<float>().cast<double>().array() < up.array()).all());
+    const double b_up = NormL2UpperGram(up, 2, nullptr, std::chrono::steady_clock::time_point::max(), nullptr, nullptr,
+                                        GramPrecision::kSingle).value();
+    EXPECT_GE(b_up, Sigma1(up) * (1 - 1e-13));
+    EXPECT_LE(b_up, Sigma1(up) * (1 + 1e-2));
+  }
   const Eigen::MatrixXd a = Eigen::MatrixXd::Identity(300, 300);
   EXPECT_EQ(NormL2UpperGram(IntervalMatrix::Point(a), 2, nullptr, std::chrono::steady_clock::now()).value(), kInf);
 }
