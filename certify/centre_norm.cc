@@ -555,6 +555,18 @@ IntervalMatrix AssembleBlock(const CentreState& S, int r0, int r1, int c0, int c
 using Deadline = std::chrono::steady_clock::time_point;
 bool Past(Deadline d) { return std::chrono::steady_clock::now() >= d; }
 
+// fn(c0, cn) over the column chunks [c0, c0 + cn) of a matrix with `cols` columns, on
+// `threads` workers: the element-wise passes over a block that does not fit in cache.
+template <typename Fn>
+void ForColumnChunks(Eigen::Index cols, int threads, Fn&& fn) {
+  constexpr Eigen::Index kChunk = 64;
+  const int chunks = int((cols + kChunk - 1) / kChunk);
+  ParallelFor(chunks, WorkerCount(threads, chunks), [&](int c, int) {
+    const Eigen::Index c0 = c * kChunk;
+    fn(c0, std::min(kChunk, cols - c0));
+  });
+}
+
 template <typename Matrix>
 void GramInto(const Matrix& m, int threads, Deadline deadline, Matrix* g) {
   const Eigen::Index n = m.cols(), tile = 256;
@@ -695,10 +707,19 @@ double GramLambdaMaxUp(const Eigen::MatrixXd& m, int threads, double* estimate, 
   auto t = std::chrono::steady_clock::now();
   Eigen::MatrixXd& a = ws.gram;
   if (single) {
-    if (tall) ws.single = m.cast<float>();
-    else ws.single = m.transpose().cast<float>();
+    if (tall) {
+      ws.single.resize(m.rows(), m.cols());
+      ForColumnChunks(m.cols(), threads, [&](Eigen::Index c0, Eigen::Index cn) {
+        ws.single.middleCols(c0, cn) = m.middleCols(c0, cn).cast<float>();
+      });
+    } else {
+      ws.single = m.transpose().cast<float>();
+    }
     GramInto(ws.single, threads, deadline, &ws.gram_single);
-    a = ws.gram_single.cast<double>();  // exact
+    a.resize(n, n);
+    ForColumnChunks(n, threads, [&](Eigen::Index c0, Eigen::Index cn) {
+      a.middleCols(c0, cn) = ws.gram_single.middleCols(c0, cn).cast<double>();  // exact
+    });
   } else if (tall) {
     GramInto(m, threads, deadline, &a);
   } else {
@@ -721,7 +742,8 @@ double GramLambdaMaxUp(const Eigen::MatrixXd& m, int threads, double* estimate, 
   for (int attempt = 0; attempt < 12; ++attempt, tau *= 8) {
     if (Past(deadline)) return kInf;
     const double s = MulUp(std::max(theta, 0.0), 1.0 + 2 * tau) + tau * diag_max * 1e-3;
-    c = -a;  // same size: the storage is kept
+    c.resize(n, n);  // same size: the storage is kept
+    ForColumnChunks(n, threads, [&](Eigen::Index c0, Eigen::Index cn) { c.middleCols(c0, cn) = -a.middleCols(c0, cn); });
     double diag_err = 0;
     for (Eigen::Index i = 0; i < n; ++i) {
       c(i, i) = s - a(i, i);
@@ -755,21 +777,36 @@ UpperBound NormL2UpperGram(const Eigen::MatrixXd& m, int threads, double* estima
   GramWorkspace local_ws;
   GramWorkspace& ws = workspace ? *workspace : local_ws;
   if (m.size() == 0) return UpperBound(0.0);
-  if (!m.allFinite()) return UpperBound(kInf);
+  // Per column: finite, and the largest magnitude.
+  Eigen::VectorXd col_max(m.cols());
+  std::vector<char> col_flag(m.cols(), 0);
+  ForColumnChunks(m.cols(), threads, [&](Eigen::Index c0, Eigen::Index cn) {
+    for (Eigen::Index c = c0; c < c0 + cn; ++c) {
+      col_flag[c] = !m.col(c).allFinite();
+      col_max[c] = col_flag[c] ? 0.0 : m.col(c).cwiseAbs().maxCoeff();
+    }
+  });
+  if (std::find(col_flag.begin(), col_flag.end(), 1) != col_flag.end()) return UpperBound(kInf);
   // Scale by 2^-e so that max |m_ij| is in [1, 2) (exact unless entries become subnormal,
   // which adds at most sqrt(rows cols) eta / 2 to the norm).
-  const double amax = m.cwiseAbs().maxCoeff();
+  const double amax = col_max.maxCoeff();
   if (amax == 0.0) return UpperBound(0.0);
   const int e = std::ilogb(amax);
   // Products with powers of two: exact unless a result is subnormal or zero. Every such
   // result of a nonzero entry counts as inexact (only the term below is added for it).
   Eigen::MatrixXd& ms = ws.scaled;
+  ms.resize(m.rows(), m.cols());
   bool inexact = false;
   if (std::abs(e) < 1000) {
-    ms = m * std::ldexp(1.0, -e);
-    inexact = ((ms.array().abs() < std::numeric_limits<double>::min()) && (m.array() != 0.0)).any();
+    const double factor = std::ldexp(1.0, -e);
+    ForColumnChunks(m.cols(), threads, [&](Eigen::Index c0, Eigen::Index cn) {
+      for (Eigen::Index c = c0; c < c0 + cn; ++c) {
+        ms.col(c) = m.col(c) * factor;
+        col_flag[c] = ((ms.col(c).array().abs() < std::numeric_limits<double>::min()) && (m.col(c).array() != 0.0)).any();
+      }
+    });
+    inexact = std::find(col_flag.begin(), col_flag.end(), 1) != col_flag.end();
   } else {
-    ms.resize(m.rows(), m.cols());
     for (Eigen::Index i = 0; i < m.size(); ++i) {
       ms.data()[i] = std::ldexp(m.data()[i], -e);
       inexact |= std::ldexp(ms.data()[i], e) != m.data()[i];
