@@ -30,6 +30,12 @@ std::string CentreNormOptions::IsValid() const {
 
 namespace {
 
+// The time models' rate for the Gram matrix and the Cholesky factor of a dense certificate,
+// (5/6) m^3 flops for an m x m matrix: half the rate measured on 2 idle cores (1.2e11
+// flop/s for the dense certificate at N = 16, 9.6e10 for the super-blocks' single-precision
+// blocks at N = 64 with their estimate). The old 1.5e10 predicted 4 times the time.
+constexpr double kGramFlopsPerSecond = 6e10;
+
 // ---------------------------------------------------------------------------------------
 // Small rigorous helpers on midpoint-radius matrices.
 // ---------------------------------------------------------------------------------------
@@ -852,20 +858,24 @@ int GroupTokens(const CentreNormOptions& o, int n, int d) {
 // deadline; with one, as many as its predicted time fits before the deadline with a margin
 // of 1.3, and none (the plain super-blocks) when that is fewer than kMinDeflationVectors
 // (or than asked, when fewer were). Not anytime, hence the margin. Measured on 2 cores, idle
-// (docs/engines.md, "Deflation"), MiniLM layer 0: the plain super-blocks take 0.48 (N = 32)
-// and 0.51 (N = 64) of their model (whose Gram rate is pessimistic). The vectors add
-// 10.7 s (N = 32, k = 300), 30 s and 88 s (N = 64, k = 300 and 1000): the three GEMMs of
-// every block with V and Y, about (N D)^2 k terms, and the k x k work (the Lanczos
-// reorthogonalisation, 30 s of the 88, V^T V, the Gram matrices of Y and E^T Y), about
-// N D k^2 terms. The model below predicts 9, 33 and 132 s; the margin covers the first.
+// (docs/engines.md, "Deflation"), MiniLM layer 0, with the blocks' Gram matrices in single
+// precision and the basis reorthogonalised on the threads: the whole route took 35.0 s,
+// 52.1 s and 69.7 s at N = 64 with k = 300, 600 and 1000 (the basis 4.6, 9.9 and 20.7 s of
+// it), and 15.7 s at N = 32 with k = 600 (the basis 3.6 s). The model: kPlainShare of the
+// plain super-blocks' model (29.4 s at N = 64), kSecondsPerVector (N D)^2 per vector (the
+// basis's J^T J product and the three GEMMs of every block with V and Y) and
+// kSecondsPerVector2 N D k^2 (the basis's reorthogonalisation, V^T V, the Gram matrices of
+// Y and E^T Y). It predicts 35.3, 51.5 and 74.4 s at N = 64 and 13.4 s at N = 32.
 constexpr int kMinDeflationVectors = 32;
-constexpr double kPlainShare = 0.52;
-constexpr double kSecondsPerVector = 1.7e-10;   // times (N D)^2
-constexpr double kSecondsPerVector2 = 1.2e-9;   // times N D k^2
-// One J^T J product of the basis: 2.2e-11 (N D)^2 s. Refitted on MiniLM N = 32 (bases of
-// 255 and 579 vectors: 1.80 s and 5.51 s); 1.1e-11 read bases of a few hundred vectors as a
-// machine under 1.3x load, and the 0.1% balls lost their deflation for it.
-constexpr double kSecondsPerProduct = 2.2e-11;
+constexpr double kPlainShare = 0.68;
+constexpr double kSecondsPerVector = 8.2e-11;   // times (N D)^2
+constexpr double kSecondsPerVector2 = 2.2e-10;  // times N D k^2
+// One J^T J product of the basis: 2.4e-11 (N D)^2 s. With kSecondsPerVector2 it predicts
+// 3.1 s for N = 32, k = 600 (3.6 s measured) and 19.9 s for N = 64, k = 1000 (17.3-20.7 s).
+// Before the reorthogonalisation ran on the threads it was 2.2e-11 with 1.2e-9 for the
+// k^2 term; a model that reads an idle machine's basis as 1.3x load costs the 0.1% balls
+// their deflation (docs/engines.md, "Deflation").
+constexpr double kSecondsPerProduct = 2.4e-11;
 
 // The Lanczos basis of k vectors on an idle machine: its reorthogonalisation and its k
 // J^T J products through the evaluator.
@@ -1060,7 +1070,7 @@ UpperBound DeflatedSuperBlockBound(const BlockAssembler& block, int n, int d, co
   // Per block, modelled then measured: the Gram certificate, and the rest (the assembly and
   // the three GEMMs). A block gets its certificate when that and the rest of every block
   // still to come fit before the deadline (anytime, as the plain super-blocks).
-  double gram_s = m_max * m_max * m_max * (0.5 + 1.0 / 3) / 1.5e10, rest_s = 0;
+  double gram_s = m_max * m_max * m_max * (0.5 + 1.0 / 3) / kGramFlopsPerSecond, rest_s = 0;
   const bool frobenius = long(g) * d > o.block_limit;
   IntervalMatrix blk;        // one block's storage, reused (no fresh pages per block)
   GramWorkspace workspace;  // and its certificate's
@@ -1183,7 +1193,7 @@ UpperBound PlainSuperBlockBound(const CentreState& S, const CentreNormOptions& o
     }
   if (!rep.frobenius_blocks) {
     const double m = double(g) * d;
-    double gram_s = m * m * m * (0.5 + 1.0 / 3) / 1.5e10;  // per block (model, then measured)
+    double gram_s = m * m * m * (0.5 + 1.0 / 3) / kGramFlopsPerSecond;  // per block (model, then measured)
     for (const auto& [ir, kc] : BlocksByShare(b)) {
       if (assembly_s + gram_s > SecondsLeft(o.deadline)) break;
       assemble(ir, kc, &blk);
@@ -1403,7 +1413,7 @@ double CentreNormSecondsEstimate(const AttentionLayer& L, int tokens, const Cent
   // measured: D = 384, H = 12 (the fused assembly: 2.2e-10, 4.6e-10 and 3.2e-10 at N = 32,
   // 64 and 128, taken at the largest; the general one 6.5e-9 at N = 32)
   const double assembly = (gemm ? kFusedAssemblySeconds : 6.5e-9) * n * n * h * d * d;
-  const double flops = 1.5e10;
+  const double flops = kGramFlopsPerSecond;
   if (long(tokens) * L.d_model <= o.dense_limit) return assembly + (nd * nd * nd * (0.5 + 1.0 / 3)) / flops;
   const int g = GroupTokens(o, tokens, L.d_model);
   const double groups = std::ceil(n / g), m = g * d;
