@@ -2,10 +2,12 @@
 // method, time and the floating estimate (docs/engines.md, "Centre norm").
 //
 //   build/bench/centre_norm_bench MODEL LAYER CENTRE [--preset P] [--pre-ln] [--dense-limit N]
-//                                 [--block-tokens G] [--block-limit M] [--threads T] [--deflate K]
+//                                 [--block-tokens G] [--block-limit M] [--threads T] [--deflate K] [--no-gemm]
 //
 // MODEL and CENTRE as for `lipcert certify` (--model, --center); LayerNorm is dropped unless
-// --pre-ln (BERT layers load as attention alone). Prints one line:
+// --pre-ln, which certifies the sublayer X + MHA(LN(X)) (BERT layers load as attention
+// alone: they get a unit LayerNorm, gamma 1 and beta 0). --no-gemm takes the general
+// per-head assembly in place of the fused one. Prints one line:
 //   bound=<certified> estimate=<floating sigma_1> method=<dense|super_block> groups=<G> seconds=<s>
 #include <cstdio>
 #include <cstdlib>
@@ -47,7 +49,15 @@ int main(int argc, char** argv) {
     }
     LoadedModel m = LoadModel(argv[1], lo);
     AttentionLayer L = m.layers.at(0);
-    if (!pre_ln) L.layer_norm.reset();
+    if (!pre_ln) {
+      L.layer_norm.reset();
+    } else if (!L.layer_norm) {  // BERT's attention has none before it: a unit LayerNorm
+      LayerNormParams ln;
+      ln.gamma = Eigen::VectorXd::Ones(L.d_model);
+      ln.beta = Eigen::VectorXd::Zero(L.d_model);
+      ln.eps = 1e-12;
+      L.layer_norm = ln;
+    }
     const Eigen::MatrixXd x0 = LoadCentre(argv[3], 0, L.d_model);
     CentreNormReport rep;
     const UpperBound b = CentreJacobianNormUpperBound(L, x0, o, &rep);

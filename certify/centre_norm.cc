@@ -149,7 +149,7 @@ struct CentreState {
   bool dot = true;
   bool ln = false;        // compose with the LayerNorm Jacobian
   bool identity = false;  // add I
-  bool gemm = true;       // AssembleBlockFused where it applies (dot, no LayerNorm factor)
+  bool gemm = true;       // AssembleBlockFused where it applies (dot-product attention)
   std::vector<HeadCentre> head;
   WStacks w_stacks;         // when the fused assembly applies
   IntervalMatrix bt_stack;  // [bt^h]_h, (H N) x D, when the fused assembly applies
@@ -219,7 +219,7 @@ CentreState EncloseCentre(const AttentionLayer& L, const Eigen::MatrixXd& x0, co
     H.ubar = Mul(H.p, H.u);
     H.w = Mul(wo, mv);
   });
-  S.gemm = S.gemm && S.dot && !S.ln;
+  S.gemm = S.gemm && S.dot;
   if (S.gemm) {
     S.w_stacks = WStacksOf(S.head, d);
     S.bt_stack = IntervalMatrix(Eigen::MatrixXd::Zero(long(L.heads) * n, d), Eigen::MatrixXd::Zero(long(L.heads) * n, d));
@@ -261,6 +261,42 @@ IntervalMatrix FinishSums(const Eigen::MatrixXd& mid, const Eigen::MatrixXd& rad
   const FinishConstants c = FinishConstantsOf(terms);
   Eigen::MatrixXd r = (((rad_sum.array() + c.g_t * mag_sum.array()) + c.e0) * c.k).matrix();
   return IntervalMatrix(mid, std::move(r));
+}
+
+// x J_LN in place for a block of rows x (rows x D, midpoint-radius): the same three terms
+// as ApplyLn, x diag(c) - (x c) 1^T / D - (x (c xhat)) xhat^T / D, vectorised down the
+// columns in round to nearest. First s1 = x c and s2 = x (c xhat) per row, sums of D
+// interval products each; then every entry as a sum of three interval products,
+// x_a c_a + s1 (-1/D) + s2 (-xhat_a / D). Each stage is enclosed as FinishSums does (its
+// terms are rounded at most T + 3 times: a product, an inner sum, the chain of sums).
+void ApplyLnInPlace(Eigen::Ref<Eigen::MatrixXd> mid, Eigen::Ref<Eigen::MatrixXd> rad, const LnFactor& f) {
+  const Eigen::Index d = mid.cols();
+  const IntervalMatrix c = FromIntervals(f.c, d, 1), cx = FromIntervals(f.cx, d, 1);
+  const Eigen::ArrayXd cm = c.mid.col(0).array(), cr = c.rad.col(0).array();
+  const Eigen::ArrayXd xm = cx.mid.col(0).array(), xr = cx.rad.col(0).array();
+  // Stage 1: the two row sums (GEMVs in any order of summation).
+  const FinishConstants f1 = FinishConstantsOf(int(d));
+  const Eigen::MatrixXd abs_mid = mid.cwiseAbs();
+  const Eigen::VectorXd s1m = mid * cm.matrix(), s2m = mid * xm.matrix();
+  const Eigen::ArrayXd s1r = ((abs_mid * cr.matrix() + rad * (cm.abs() + cr).matrix()).array() +
+                              f1.g_t * (abs_mid * cm.abs().matrix()).array() + f1.e0) * f1.k;
+  const Eigen::ArrayXd s2r = ((abs_mid * xr.matrix() + rad * (xm.abs() + xr).matrix()).array() +
+                              f1.g_t * (abs_mid * xm.abs().matrix()).array() + f1.e0) * f1.k;
+  // Stage 2: column a, all rows at once; -1/D and -xhat_a/D as intervals (negation exact).
+  const FinishConstants f3 = FinishConstantsOf(3);
+  const double om = -f.ones_d.mid(0, 0), orad = f.ones_d.rad(0, 0);
+  const Eigen::ArrayXd s1a = s1m.array().abs(), s2a = s2m.array().abs();
+  for (Eigen::Index a = 0; a < d; ++a) {
+    const double hm = -f.xhat_d.mid(0, a), hr = f.xhat_d.rad(0, a);
+    auto m = mid.col(a).array();
+    auto r = rad.col(a).array();
+    const Eigen::ArrayXd ma = m.abs();
+    const Eigen::ArrayXd rad_sum = ma * cr(a) + r * (std::fabs(cm(a)) + cr(a)) + s1a * orad + s1r * (std::fabs(om) + orad) +
+                                   s2a * hr + s2r * (std::fabs(hm) + hr);
+    const Eigen::ArrayXd mag_sum = ma * std::fabs(cm(a)) + s1a * std::fabs(om) + s2a * std::fabs(hm);
+    m = m * cm(a) + s1m.array() * om + s2m.array() * hm;
+    r = ((rad_sum + f3.g_t * mag_sum) + f3.e0) * f3.k;
+  }
 }
 
 class BlockAccumulator {
@@ -467,9 +503,23 @@ void AssembleBlockFused(const CentreState& S, int r0, int r1, int c0, int c1, in
       auto m = mid.block(long(ii) * d, long(jj) * d, d, d);
       auto r = rad.block(long(ii) * d, long(jj) * d, d, d);
       IntervalMatrix blk = IntervalMatrix(m, r) + Mul(a_stack.transpose(), S.bt_stack);
-      if (S.identity) blk = blk + IntervalMatrix::Point(Eigen::MatrixXd::Identity(d, d));
+      if (S.identity && !S.ln) blk = blk + IntervalMatrix::Point(Eigen::MatrixXd::Identity(d, d));
       m = blk.mid;
       r = blk.rad;
+    }
+  });
+  if (!S.ln) return;
+  // The pre-LN sublayer: every column token's slab of J_MHA (rows x D) times its LayerNorm
+  // factor L_j (ApplyLn: a diagonal scaling and two rank-one terms, rigorous), then + I.
+  ParallelFor(nc, WorkerCount(threads, nc), [&](int jj, int) {
+    const int j = c0 + jj;
+    ApplyLnInPlace(mid.middleCols(long(jj) * d, d), rad.middleCols(long(jj) * d, d), S.ln_factor[j]);
+    if (S.identity && j >= r0 && j < r1) {
+      auto m = mid.block(long(j - r0) * d, long(jj) * d, d, d);
+      auto r = rad.block(long(j - r0) * d, long(jj) * d, d, d);
+      const IntervalMatrix diag = IntervalMatrix(m, r) + IntervalMatrix::Point(Eigen::MatrixXd::Identity(d, d));
+      m = diag.mid;
+      r = diag.rad;
     }
   });
 }
@@ -1409,7 +1459,7 @@ constexpr double kFusedAssemblySeconds = 5e-10;
 
 double CentreNormSecondsEstimate(const AttentionLayer& L, int tokens, const CentreNormOptions& o) {
   const double n = tokens, d = L.d_model, h = L.heads, nd = n * d;
-  const bool gemm = o.gemm_assembly && L.kind == AttentionKind::kDot && (!L.layer_norm || o.mha_only);
+  const bool gemm = o.gemm_assembly && L.kind == AttentionKind::kDot;
   // measured: D = 384, H = 12 (the fused assembly: 2.2e-10, 4.6e-10 and 3.2e-10 at N = 32,
   // 64 and 128, taken at the largest; the general one 6.5e-9 at N = 32)
   const double assembly = (gemm ? kFusedAssemblySeconds : 6.5e-9) * n * n * h * d * d;
@@ -1424,7 +1474,7 @@ double CentreNormSecondsEstimate(const AttentionLayer& L, int tokens, const Cent
 double CentreNormMinimumSecondsEstimate(const AttentionLayer& L, int tokens, const CentreNormOptions& o) {
   if (long(tokens) * L.d_model <= o.dense_limit) return CentreNormSecondsEstimate(L, tokens, o);
   const double n = tokens, d = L.d_model, h = L.heads;
-  const bool gemm = o.gemm_assembly && L.kind == AttentionKind::kDot && (!L.layer_norm || o.mha_only);
+  const bool gemm = o.gemm_assembly && L.kind == AttentionKind::kDot;
   return (gemm ? kFusedAssemblySeconds : 6.5e-9) * n * n * h * d * d;  // super-blocks: the assembly; the dense blocks are anytime
 }
 

@@ -60,8 +60,9 @@ struct CentreNormOptions {
   // super-blocks. Not anytime: with a deadline it takes as many as its predicted time
   // (with a margin) fits, and the plain super-blocks run when that is fewer than 32.
   int deflation_vectors = 0;
-  // Dot-product attention without the LayerNorm factor: the fused assembly, one pass over
-  // the heads per entry column (the same enclosure up to rounding); false: one update per head.
+  // Dot-product attention: the fused assembly, one pass over the heads per entry column,
+  // then the pre-LN sublayer's LayerNorm factor per column token (the same enclosure up to
+  // rounding); false: one update per head.
   bool gemm_assembly = true;
   // Checked between blocks, Gram tiles and Cholesky attempts: once it has passed the
   // result is +inf (report->timed_out), never a partial number. One Cholesky of the

@@ -58,7 +58,7 @@ MpMat ReferenceJacobian(const AttentionLayer& L, const Eigen::MatrixXd& x0, cons
 // Every entry of the MPFR Jacobian lies in the enclosure (up to the reference's own
 // rounding to double), and the radii are rounding-sized. Returns the entries checked (it
 // stops at the first one outside).
-long CheckEnclosure(const IntervalMatrix& enc, const Eigen::MatrixXd& ref, int t) {
+long CheckEnclosure(const IntervalMatrix& enc, const Eigen::MatrixXd& ref, int t, double tightness = 1e-10) {
   EXPECT_EQ(enc.rows(), ref.rows()) << "case " << t;
   EXPECT_EQ(enc.cols(), ref.cols()) << "case " << t;
   if (enc.rows() != ref.rows() || enc.cols() != ref.cols()) return 0;
@@ -72,7 +72,7 @@ long CheckEnclosure(const IntervalMatrix& enc, const Eigen::MatrixXd& ref, int t
     }
     ++entries;
   }
-  EXPECT_LE(enc.rad.maxCoeff(), 1e-10 * (1 + ref.cwiseAbs().maxCoeff())) << "case " << t;
+  EXPECT_LE(enc.rad.maxCoeff(), tightness * (1 + ref.cwiseAbs().maxCoeff())) << "case " << t;
   return entries;
 }
 
@@ -95,7 +95,11 @@ TEST(CentreNormTest, EnclosureContainsTheMpfrJacobian) {
     o.exclude_residual = rng() % 4 == 0;
     const IntervalMatrix enc = CentreJacobianEnclosure(L, x0, o);
     const Eigen::MatrixXd ref = ToDouble(ReferenceJacobian(L, x0, o));
-    entries += CheckEnclosure(enc, ref, t);
+    // The fused assembly applies the pre-LN factor to the summed block, whose rounding
+    // it then scales by gamma / sigma before the factor's cancellation: up to 70 times
+    // the per-head route's radius on these random layers (1e-12 where sigma is small).
+    const bool fused_ln = L.kind == AttentionKind::kDot && L.layer_norm && !o.mha_only;
+    entries += CheckEnclosure(enc, ref, t, fused_ln ? 1e-9 : 1e-10);
     with_ln += L.layer_norm.has_value();
     l2 += L.kind == AttentionKind::kL2;
   }
@@ -137,17 +141,18 @@ TEST(CentreNormTest, FusedAssemblyContainsTheMpfrJacobianOnWideLayers) {
 
 // The certified centre norm is above sigma_1 of the MPFR Jacobian and within 1e-6 of it;
 // the super-block bound (every grouping) is above the dense one.
-// The fused assembly (dot-product attention without the LayerNorm factor) sums the same
-// products as the per-head accumulator in another order, its magnitude sum folded into the
-// radius, and E_i as one product over the stacked heads: on random layers with biases,
-// masks and LayerNorm (MHA alone) the two enclosures meet (the midpoints differ by at most
-// the radii, which are rounding-sized) and neither radius is more than 8 times the other (a dropped radius term would show as
+// The fused assembly (dot-product attention) sums the same products as the per-head
+// accumulator in another order, its magnitude sum folded into the radius, and E_i as one
+// product over the stacked heads, then applies the pre-LN factor per column token where
+// the accumulator applied it to W_h and g: on random layers with biases, masks and
+// LayerNorm (MHA alone, and the pre-LN sublayer) the two enclosures meet (the midpoints differ by at most
+// the radii, which are rounding-sized) and neither radius is more than 8 times the other (256 for the fused pre-LN one) (a dropped radius term would show as
 // a fused radius far below the accumulator's). Entries that are 0 carry only the routes'
 // underflow floors (2^-1000 per term, summed differently).
 TEST(CentreNormTest, FusedAssemblyMatchesTheAccumulator) {
   std::mt19937_64 rng(1403);
   const int cases = int(100 * TestScale());
-  int compared = 0, wide = 0;
+  int compared = 0, wide = 0, with_ln = 0;
   long with_radius = 0;
   for (int t = 0; t < cases; ++t) {
     RandomLayerOptions lo;
@@ -160,7 +165,8 @@ TEST(CentreNormTest, FusedAssemblyMatchesTheAccumulator) {
     const int n = 1 + int(rng() % 5);
     const Eigen::MatrixXd x0 = RandomCentre(rng, n, L.d_model, 1.5);
     CentreNormOptions o;
-    o.mha_only = L.layer_norm.has_value();
+    o.mha_only = L.layer_norm.has_value() && t % 3 != 0;  // else the pre-LN sublayer
+    with_ln += L.layer_norm.has_value() && !o.mha_only;
     const IntervalMatrix g = CentreJacobianEnclosure(L, x0, o);
     o.gemm_assembly = false;
     const IntervalMatrix a = CentreJacobianEnclosure(L, x0, o);
@@ -169,7 +175,9 @@ TEST(CentreNormTest, FusedAssemblyMatchesTheAccumulator) {
       const double gm = g.mid.data()[e], am = a.mid.data()[e], gr = g.rad.data()[e], ar = a.rad.data()[e];
       EXPECT_LE(std::fabs(gm - am), gr + ar) << "case " << t;
       if (ar < 1e-280) continue;  // the underflow floor alone
-      EXPECT_LE(gr, 8 * ar) << "case " << t;
+      // (The pre-LN factor on the summed block widens it more than on W_h and g, where
+      // gamma / sigma is large: up to 70 times on these layers.)
+      EXPECT_LE(gr, (o.mha_only || !L.layer_norm ? 8 : 256) * ar) << "case " << t;
       EXPECT_GE(gr, ar / 8) << "case " << t;
       ++with_radius;
     }
@@ -178,6 +186,7 @@ TEST(CentreNormTest, FusedAssemblyMatchesTheAccumulator) {
   EXPECT_GT(compared, cases / 4);
   EXPECT_GT(with_radius, 10L * compared);
   EXPECT_GT(wide, cases / 10);
+  EXPECT_GT(with_ln, cases / 20);
 }
 
 TEST(CentreNormTest, DenseBoundIsExactAndSuperBlocksDominateIt) {
