@@ -1094,8 +1094,13 @@ double SumErrorF(double terms, double abs_terms_f, double rows, double cols) {
 // `block(r0, r1, c0, c1, &out)` encloses the block of J for tokens [r0, r1) x [c0, c1) in
 // out (every entry written; out's storage is reused from block to block).
 using BlockAssembler = std::function<void(int r0, int r1, int c0, int c1, IntervalMatrix* out)>;
+// With may_abandon, the first block's time is a probe of the machine's present speed: when
+// every block at that pace would not fit before the deadline, the pass stops there (+inf,
+// rep->deflation_abandoned) so that the caller can run the anytime plain super-blocks. A
+// deflated block left with its Frobenius norm costs far more than a plain one.
 UpperBound DeflatedSuperBlockBound(const BlockAssembler& block, int n, int d, const Eigen::MatrixXd& v,
-                                   const Eigen::MatrixXd& y, int g, const CentreNormOptions& o, CentreNormReport* rep) {
+                                   const Eigen::MatrixXd& y, int g, const CentreNormOptions& o, CentreNormReport* rep,
+                                   bool may_abandon = false) {
   const ScopedSoundFpEnvironment fp_guard;
   const int k = int(v.cols());
   const long nd = long(n) * d;
@@ -1156,6 +1161,11 @@ UpperBound DeflatedSuperBlockBound(const BlockAssembler& block, int n, int d, co
       if (std::isfinite(dense)) ++rep->exact_blocks;
       b(i, c) = AddUp(std::isfinite(dense) ? dense : f_f, rho);
       ++done;
+      if (may_abandon && done == 1 && !frobenius &&
+          (rest_s + gram_s) * double(groups * groups - 1) > SecondsLeft(o.deadline)) {
+        rep->deflation_abandoned = true;
+        return UpperBound(kInf);
+      }
     }
   }
   // Each entry of D and E^T Y sums nd products (the blocks' GEMMs and their accumulation).
@@ -1378,8 +1388,13 @@ UpperBound CentreJacobianNormUpperBound(const AttentionLayer& L, const Eigen::Ma
       bound = PlainSuperBlockBound(S, o, rep);
     } else {
       bound = DeflatedSuperBlockBound(AssemblerOf(S, o.threads), n, d, basis.v.leftCols(kept), basis.y.leftCols(kept),
-                                      rep.group_tokens, o, &rep);
-      if (!std::isfinite(bound.value())) rep.timed_out = true;
+                                      rep.group_tokens, o, &rep, /*may_abandon=*/true);
+      if (rep.deflation_abandoned) {
+        rep.exact_blocks = 0;
+        bound = PlainSuperBlockBound(S, o, rep);
+      } else if (!std::isfinite(bound.value())) {
+        rep.timed_out = true;
+      }
     }
   } else {
     bound = PlainSuperBlockBound(S, o, rep);

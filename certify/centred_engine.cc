@@ -387,6 +387,8 @@ EngineBound CentreNormBound(const AttentionLayer& L, const TokenCover& cover, co
                                                            (report.method == "deflated_super_block"
                                                                 ? ", deflated by " + std::to_string(report.deflation_vectors) +
                                                                       " Lanczos vectors"
+                                                            : report.deflation_abandoned
+                                                                ? "; deflation abandoned: the machine was too slow for it"
                                                                 : std::string());
   out.terms.push_back({"centre norm ||J(X0)|| (" + how + ")", centre_norm});
   out.terms.push_back({v.route, v.variation});
