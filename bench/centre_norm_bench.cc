@@ -3,12 +3,15 @@
 //
 //   build/bench/centre_norm_bench MODEL LAYER CENTRE [--preset P] [--pre-ln] [--dense-limit N]
 //                                 [--block-tokens G] [--block-limit M] [--threads T] [--deflate K] [--no-gemm]
+//                                 [--seconds S]
 //
 // MODEL and CENTRE as for `lipcert certify` (--model, --center); LayerNorm is dropped unless
 // --pre-ln, which certifies the sublayer X + MHA(LN(X)) (BERT layers load as attention
 // alone: they get a unit LayerNorm, gamma 1 and beta 0). --no-gemm takes the general
-// per-head assembly in place of the fused one. Prints one line:
+// per-head assembly in place of the fused one; --seconds S gives the engine a deadline S
+// seconds from the start (the route then sizes its work to it). Prints one line:
 //   bound=<certified> estimate=<floating sigma_1> method=<dense|super_block> groups=<G> seconds=<s>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
@@ -22,7 +25,7 @@ int main(int argc, char** argv) {
   using namespace lipcert;
   if (argc < 4) {
     std::fprintf(stderr, "usage: %s MODEL LAYER CENTRE [--preset P] [--pre-ln] [--dense-limit N] "
-                         "[--block-tokens G] [--block-limit M] [--threads T] [--deflate K]\n", argv[0]);
+                         "[--block-tokens G] [--block-limit M] [--threads T] [--deflate K] [--no-gemm] [--seconds S]\n", argv[0]);
     return 2;
   }
   try {
@@ -45,6 +48,8 @@ int main(int argc, char** argv) {
       else if (a == "--threads") o.threads = std::atoi(next().c_str());
       else if (a == "--no-gemm") o.gemm_assembly = false;
       else if (a == "--deflate") o.deflation_vectors = std::atoi(next().c_str());
+      else if (a == "--seconds")  // a deadline, as lipcert certify gives the engine
+        o.deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(long(1000 * std::atof(next().c_str())));
       else throw std::invalid_argument("unknown option " + a);
     }
     LoadedModel m = LoadModel(argv[1], lo);
