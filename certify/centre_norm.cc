@@ -944,6 +944,14 @@ double SecondsLeft(std::chrono::steady_clock::time_point deadline) {
   return std::chrono::duration<double>(deadline - std::chrono::steady_clock::now()).count();
 }
 
+// The deflation's basis comes from the evaluator's J^T J of the layer as it stands (attention
+// alone, or the whole pre-LN sublayer X + MHA(LN(X))). Any basis gives a bound; one of
+// another operator (MHA alone at LN(x0), or the sublayer without its residual) would give
+// a loose one, so those run the plain super-blocks.
+bool BasisDescribesTheEnclosure(const AttentionLayer& L, const CentreNormOptions& o) {
+  return !L.layer_norm || (!o.mha_only && !o.exclude_residual);
+}
+
 // After a basis of k vectors that took basis_seconds: how many of its columns the block
 // pass can take before o.deadline (0: fewer than min(32, k) or than half of k). k was sized
 // for an idle machine; the basis's own time against its idle model gives the slowdown.
@@ -1372,7 +1380,7 @@ UpperBound CentreJacobianNormUpperBound(const AttentionLayer& L, const Eigen::Ma
     const IntervalMatrix j = AssembleBlock(S, 0, n, 0, n, o.threads);
     rep.assembly_seconds = SecondsSince(t_assembly);
     bound = NormL2UpperGram(j, o.threads, &rep.estimate, o.deadline, &rep.gram);
-  } else if (const int k = L.layer_norm ? 0 : DeflationVectorsThatFit(L, n, o, 0.0); k > 0) {
+  } else if (const int k = BasisDescribesTheEnclosure(L, o) ? DeflationVectorsThatFit(L, n, o, 0.0) : 0; k > 0) {
     rep = DeflatedReport(o, n, d);
     const auto t_basis = std::chrono::steady_clock::now();
     // The operator the enclosure describes: centre_norm never composes a post-LN.

@@ -234,13 +234,13 @@ struct DeflationCase {
   Eigen::MatrixXd x0, jacobian;
   double sigma = 0;
 };
-DeflationCase RandomDeflationCase(std::mt19937_64& rng) {
+DeflationCase RandomDeflationCase(std::mt19937_64& rng, bool keep_pre_ln = false) {
   RandomLayerOptions lo;
   lo.max_width = 5;
   lo.max_heads = 3;
   DeflationCase c;
   c.layer = RandomLayer(rng, lo);
-  c.layer.layer_norm.reset();
+  if (!keep_pre_ln) c.layer.layer_norm.reset();
   const int n = 2 + int(rng() % 4);
   c.x0 = RandomCentre(rng, n, c.layer.d_model, 1.0);
   c.jacobian = ToDouble(ReferenceJacobian(c.layer, c.x0, CentreNormOptions{}));
@@ -249,17 +249,18 @@ DeflationCase RandomDeflationCase(std::mt19937_64& rng) {
 }
 
 // The deflated super-block bound: above sigma_1 of the MPFR Jacobian for every group size
-// and number of deflation vectors (1 to N*D), on layers without LayerNorm (dot and L2,
-// masks, biases). Once V spans everything (k = N*D: J P and the coupling are rounding
+// and number of deflation vectors (1 to N*D), on layers without LayerNorm and on pre-LN
+// sublayers X + MHA(LN(X)) (dot and L2, masks, biases). Once V spans everything (k = N*D: J P and the coupling are rounding
 // error) it is within 1e-6 of sigma_1, dot and L2 alike: the enclosure's radius enters
 // norm-wise (||R_IK||_F per block), not entrywise through |V|.
 TEST(CentreNormTest, DeflatedSuperBlocksDominateTheMpfrNormAndTighten) {
   mpfr::mpreal::set_default_prec(128);
   std::mt19937_64 rng(1404);
   const int cases = int(40 * TestScale());
-  int checked = 0, tight = 0;
+  int checked = 0, tight = 0, pre_ln = 0;
   for (int t = 0; t < cases; ++t) {
-    const auto [L, x0, j, sigma] = RandomDeflationCase(rng);
+    const auto [L, x0, j, sigma] = RandomDeflationCase(rng, /*keep_pre_ln=*/t % 2 == 1);
+    pre_ln += L.layer_norm.has_value();
     const int n = int(x0.rows()), nd = int(x0.size());
     for (int g = 1; g < n; ++g) {
       CentreNormOptions o;
@@ -287,6 +288,7 @@ TEST(CentreNormTest, DeflatedSuperBlocksDominateTheMpfrNormAndTighten) {
   }
   EXPECT_EQ(checked, cases);
   EXPECT_GT(tight, cases / 2);
+  EXPECT_GT(pre_ln, cases / 10);
 }
 
 // The deflated bound is certified for ANY V and Y: random non-orthonormal V, Y far from
