@@ -280,11 +280,11 @@ double SearchSeconds(const InputSet& set, const CertifyOptions& o, double root_s
   constexpr long kSplitPaysUpTo = 256;  // N*D at which splitting has helped on the zoo
   const bool split_pays = long(set.center.size()) <= kSplitPaysUpTo;
   // Its last step can end up to a step past its deadline (0.4 s at MiniLM N = 64): 1% of
-  // the limit, at most 0.5 s, is kept for that.
+  // the limit, at most 0.5 s, is kept for that, whichever share it gets.
   const double margin = std::min(0.5, 0.01 * o.time_limit_s);
   const double left = std::max(0.0, clock.Left() - margin - (split_pays || residual ? root_seconds : 0.0));
   const double share = split_pays ? 0.5 * left : left;
-  return std::max(std::min(o.time_limit_s * o.search.share, clock.Left()), share);
+  return std::max(std::min(o.time_limit_s * o.search.share, std::max(0.0, clock.Left() - margin)), share);
 }
 
 // Branch and bound bounds its pieces with the dense `centred` engine up to this N*D.
