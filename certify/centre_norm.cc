@@ -108,12 +108,6 @@ LnFactor MakeLnFactor(const LayerNormParams& ln, const Eigen::RowVectorXd& x) {
   return f;
 }
 
-// x J_LN = x diag(c) - (x c) 1^T / D - (x (c xhat)) xhat^T / D, in O(rows * D).
-IntervalMatrix ApplyLn(const IntervalMatrix& x, const LnFactor& f) {
-  const Eigen::Index d = x.cols();
-  const IntervalMatrix c = FromIntervals(f.c, d, 1), cx = FromIntervals(f.cx, d, 1);
-  return ScaleColumns(x, f.c) - Mul(Mul(x, c), f.ones_d) - Mul(Mul(x, cx), f.xhat_d);
-}
 
 // ---------------------------------------------------------------------------------------
 // The layer at the centre, enclosed.
@@ -263,8 +257,8 @@ IntervalMatrix FinishSums(const Eigen::MatrixXd& mid, const Eigen::MatrixXd& rad
   return IntervalMatrix(mid, std::move(r));
 }
 
-// x J_LN in place for a block of rows x (rows x D, midpoint-radius): the same three terms
-// as ApplyLn, x diag(c) - (x c) 1^T / D - (x (c xhat)) xhat^T / D, vectorised down the
+// x J_LN in place for a block of rows x (rows x D, midpoint-radius): the three terms
+// x diag(c) - (x c) 1^T / D - (x (c xhat)) xhat^T / D, in O(rows * D), vectorised down the
 // columns in round to nearest. First s1 = x c and s2 = x (c xhat) per row, sums of D
 // interval products each; then every entry as a sum of three interval products,
 // x_a c_a + s1 (-1/D) + s2 (-xhat_a / D). Each stage is enclosed as FinishSums does (its
@@ -297,6 +291,10 @@ void ApplyLnInPlace(Eigen::Ref<Eigen::MatrixXd> mid, Eigen::Ref<Eigen::MatrixXd>
     m = m * cm(a) + s1m.array() * om + s2m.array() * hm;
     r = ((rad_sum + f3.g_t * mag_sum) + f3.e0) * f3.k;
   }
+}
+IntervalMatrix ApplyLn(IntervalMatrix x, const LnFactor& f) {
+  ApplyLnInPlace(x.mid, x.rad, f);
+  return x;
 }
 
 class BlockAccumulator {
@@ -510,7 +508,7 @@ void AssembleBlockFused(const CentreState& S, int r0, int r1, int c0, int c1, in
   });
   if (!S.ln) return;
   // The pre-LN sublayer: every column token's slab of J_MHA (rows x D) times its LayerNorm
-  // factor L_j (ApplyLn: a diagonal scaling and two rank-one terms, rigorous), then + I.
+  // factor L_j (a diagonal scaling and two rank-one terms, rigorous), then + I.
   ParallelFor(nc, WorkerCount(threads, nc), [&](int jj, int) {
     const int j = c0 + jj;
     ApplyLnInPlace(mid.middleCols(long(jj) * d, d), rad.middleCols(long(jj) * d, d), S.ln_factor[j]);

@@ -100,11 +100,6 @@ std::function<void(const double*, double*)> NormalProduct(const AttentionLayer& 
   };
 }
 
-std::function<void(const double*, double*)> JacobianProduct(const AttentionLayer& layer, const Eigen::MatrixXd& x0,
-                                                            int threads) {
-  return JacobianProductsOf(layer, x0, threads).jvp;
-}
-
 ProbableUpperBound ProbableJacobianNormUpper(const AttentionLayer& layer, const Eigen::MatrixXd& x0,
                                              const ProbableNormOptions& o) {
   if (const std::string e = o.IsValid(); !e.empty()) throw std::invalid_argument(e);

@@ -68,13 +68,9 @@ double KuczynskiWozniakowskiEpsilon(double n, int k, double delta);
 // v -> J(x0)^T J(x0) v in floating point, v and the result flat in row-major (token,
 // feature) order: through the kernels evaluator (attention, pre-LN sublayer), or the
 // model's own JVP and VJP for the post-LN sublayer LN(X + MHA(X)) (models/forward.h). The
-// function owns what it needs. Used for Lanczos runs (here and the centre norm's deflation).
+// function owns what it needs. Used for the Lanczos run here.
 std::function<void(const double* v, double* out)> NormalProduct(const AttentionLayer& layer, const Eigen::MatrixXd& x0,
                                                                  int threads);
-
-// v -> J(x0) v in floating point, the same layouts and operators as NormalProduct.
-std::function<void(const double* v, double* out)> JacobianProduct(const AttentionLayer& layer, const Eigen::MatrixXd& x0,
-                                                                   int threads);
 
 // Both products from one set-up, the same layouts and operators: jvp v -> J(x0) v and
 // vjp u -> J(x0)^T u (the centre norm's deflation keeps the J q of its Lanczos steps as Y).
