@@ -26,7 +26,7 @@ AscentResult Ascend(const Oracle& o, const InputSet& set, const Candidate& start
     const double gn = g.norm();
     if (!(gn > 0) || !std::isfinite(gn)) break;
     bool accepted = false;
-    for (int tries = 0; tries < 12 && !accepted; ++tries) {
+    for (int tries = 0; tries < 12 && !accepted && Clock::now() < deadline; ++tries) {
       const MatrixXd xt = set.Project(res.x + (eta / gn) * g);
       if ((xt - res.x).norm() <= 1e-13 * scale) break;  // stationary on the boundary
       const Pair pt = ComputeTop(o, xt, norm, &res.pair, tp);
