@@ -70,7 +70,9 @@ EngineBound BlockNormBound(const AttentionLayer& L, const TokenCover& cover, con
         ab(j) = MulUp(F.a_sup(i, j), F.b_sup(i, j));
       }
       double e = SimplexWeightedSumUp(F.p_hi.row(i).transpose(), ab, len);
-      if (p == NormKind::kL2) e = std::min(e, SqrtUp(MulUp(spread[h][i].a2, spread[h][i].b2)));
+      // E_i is the covariance sum_k P_ik a_ik b_ik^T (ValueQueryCovarianceUp keeps its cancellation).
+      if (p == NormKind::kL2)
+        e = std::min({e, SqrtUp(MulUp(spread[h][i].a2, spread[h][i].b2)), ValueQueryCovarianceUp(G, F, in.rho_z, i, len)});
       diag(i, h) = cap_or(e, c.diagonal);
       r(i, i) = AddUp(r(i, i), diag(i, h));
     }

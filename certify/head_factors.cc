@@ -140,6 +140,15 @@ HeadGeometry HeadGeometryAt(const AttentionLayer& L, int h, const Eigen::MatrixX
     G.wk_gram = GramEnclosure(wk);
     G.wq_norm = NormL2Upper(wq).value();
     G.wk_norm = NormL2Upper(wk).value();
+    // The centred midpoints' Grams (ValueQueryCovarianceUp).
+    auto centred = [n](const Eigen::MatrixXd& m, Eigen::MatrixXd* gram, Eigen::VectorXd* norms) {
+      const Eigen::MatrixXd c = m.rowwise() - m.colwise().mean();
+      *gram = c * c.transpose();
+      norms->resize(n);
+      for (int k = 0; k < n; ++k) (*norms)(k) = AddUp(NormUpOfMagnitudes(c.row(k).cwiseAbs().transpose(), VectorNorm::kTwo), 1e-150);
+    };
+    centred(G.u.mid, &G.u_gram, &G.u_row_norm);
+    centred(G.b.mid, &G.b_gram, &G.b_row_norm);
   }
   return G;
 }
@@ -528,6 +537,68 @@ SecondOrderHead SecondOrderHeadUp(const HeadGeometry& G, const FactorBounds& F, 
   return out;
 }
 
+double ValueQueryCovarianceUp(const HeadGeometry& G, const FactorBounds& F, const Eigen::VectorXd& rho, int i,
+                              int len) {
+  const int n = int(rho.size());
+  if (!G.dot || G.u_gram.rows() != n || G.anchor_w.rows() != n || len != (G.causal ? i + 1 : n)) return kInf;
+  // C = sum_k P_k (u_k - ubar)(b_k - bbar)^T = sum_k P_k X_k Y_k^T - (sum_k P_k X_k)(sum_k P_k Y_k)^T for
+  // X_k = u_k - c, Y_k = b_k - c' and any c, c' (sum_k P_k = 1). Take c, c' the exact means of the
+  // midpoints m under the centre's weights w (s = sum w), X_k = X0_k + e_k with X0_k = m_k - c,
+  // ||e_k|| <= eu_k = ||radius of u_k|| + c_u rho_k (the same for Y with c_b), and P = w + Delta,
+  // |Delta_k| <= dev_k. Since sum_k w_k X0_k = 0,
+  //   ||C|| <= ||sum_k w_k X0_k Y0_k^T|| + sum_k dev_k ||X0_k|| ||Y0_k||
+  //            + sup_P sum_k P_k (eu_k ||Y0_k|| + ||X0_k|| eb_k + eu_k eb_k) + xbar ybar,
+  // xbar >= ||sum_k P_k X_k|| <= sup_P sum_k P_k eu_k + sum_k dev_k ||X0_k|| (the same for ybar).
+  const Eigen::VectorXd w = G.anchor_w.row(i).head(len).transpose();
+  const double s = w.sum();
+  if (!(s > 0) || !w.allFinite()) return kInf;
+  const double s_lo = MulDown(s, SubDown(1.0, GammaUp(double(len) + 1))), s_hi = MulUp(s, AddUp(1.0, GammaUp(double(len) + 1)));
+  // The first term: sum_k w_k X0_k Y0_k^T = U~^T K B~ - (rounding of U~, B~) with K = W - w w^T / s
+  // (K kills any shift: 1^T K = 0), and ||U~^T K B~||_F^2 = tr(K Ga K Gb) =
+  //   sum_kl w_k w_l Ga_kl Gb_kl - (2 / s) sum_k w_k (Ga w)_k (Gb w)_k + (w^T Ga w)(w^T Gb w) / s^2
+  // for the exact Grams Ga, Gb of the floating U~, B~. |fl(Ga) - Ga| <= gamma_D na na^T (na: the
+  // rows' norms, their floor covering underflow), |Ga| <= na na^T, so with Tm the same sum at
+  // na na^T, nb nb^T with every term's absolute value, fl(Ga), fl(Gb) and the floating sum are
+  // off by at most (3 gamma_D + 2 gamma_T) Tm (T: the sum's terms and the roundings of s), here x4.
+  const Eigen::MatrixXd ga = G.u_gram.topLeftCorner(len, len), gb = G.b_gram.topLeftCorner(len, len);
+  const Eigen::VectorXd gaw = ga * w, gbw = gb * w;
+  const double t1 = (w.asDiagonal() * ga.cwiseProduct(gb) * w.asDiagonal()).sum();
+  const double t2 = (w.array() * gaw.array() * gbw.array()).sum();
+  const double f = t1 - 2 * t2 / s + w.dot(gaw) * w.dot(gbw) / (s * s);
+  const Eigen::VectorXd na = G.u_row_norm.head(len), nb = G.b_row_norm.head(len);
+  const double wna = w.dot(na), wnb = w.dot(nb), wnanb = (w.array() * na.array() * nb.array()).sum();
+  const double tm = (wnanb * wnanb + 2 * wna * wnb * wnanb / s + wna * wna * wnb * wnb / (s * s)) *
+                    (1 + GammaUp(4.0 * len + 20));
+  const double dims = double(std::max(G.u.mid.cols(), G.b.mid.cols()));
+  const double g = AddUp(MulUp(3.0, GammaUp(dims)), MulUp(2.0, GammaUp(double(len) * len + 2.0 * len + 20)));
+  const double main_f = SqrtUp(std::max(0.0, AddUp(AddUp(f, MulUp(MulUp(4.0, g), tm)), 1e-300)));
+  // The cover's terms, per key: ||X0_k|| <= a_anchor / s (a_anchor >= ||s m_k - sum_l w_l m_l||).
+  Eigen::VectorXd nu(len), nbr(len), eu(len), eb(len), dev(len), c(len);
+  for (int k = 0; k < len; ++k) {
+    nu(k) = DivUp(G.a_anchor(i, k), s_lo);
+    nbr(k) = DivUp(G.b_anchor(i, k), s_lo);
+    eu(k) = AddUp(NormUpOfMagnitudes(G.u.rad.row(k).transpose(), VectorNorm::kTwo), MulUp(G.c_u, rho(k)));
+    eb(k) = AddUp(NormUpOfMagnitudes(G.b.rad.row(k).transpose(), VectorNorm::kTwo), MulUp(G.c_b, rho(k)));
+    dev(k) = std::max({0.0, SubUp(F.p_hi(i, k), w(k)), SubUp(w(k), F.p_lo(i, k))});
+    c(k) = AddUp(AddUp(MulUp(eu(k), nbr(k)), MulUp(nu(k), eb(k))), MulUp(eu(k), eb(k)));
+  }
+  if (!nu.allFinite() || !nbr.allFinite()) return kInf;
+  const Eigen::VectorXd cap = F.p_hi.row(i).head(len).transpose();
+  double spread = 0, xbar = SimplexWeightedSumUp(cap, eu, len), ybar = SimplexWeightedSumUp(cap, eb, len);
+  for (int k = 0; k < len; ++k) {
+    spread = AddUp(spread, MulUp(dev(k), MulUp(nu(k), nbr(k))));
+    xbar = AddUp(xbar, MulUp(dev(k), nu(k)));
+    ybar = AddUp(ybar, MulUp(dev(k), nbr(k)));
+  }
+  // U~ and B~ against the exact differences: |fl(m - c) - (m - c)| <= 2u |fl(m - c)| entrywise, and
+  // ||sum_k w_k (d_k - dbar) Y_k^T|| (and the same with X) with ||d_k - dbar|| <= 4u max na:
+  // at most 8u s (max na (max nbr + max nb) + max nb (max nu + max na)), generously.
+  const double na_max = na.maxCoeff(), nb_max = nb.maxCoeff();
+  const double rounding = MulUp(MulUp(8 * kUnitRoundoff, s_hi), AddUp(MulUp(na_max, AddUp(nbr.maxCoeff(), nb_max)),
+                                                                       MulUp(nb_max, AddUp(nu.maxCoeff(), na_max))));
+  return AddUp(AddUp(AddUp(main_f, rounding), AddUp(spread, SimplexWeightedSumUp(cap, c, len))), MulUp(xbar, ybar));
+}
+
 // max of P |1 - 2P| over lo <= P <= hi (rounded up): P (1 - 2P) peaks at 1/8 for P = 1/4,
 // and P (2P - 1) grows up to 1 at P = 1.
 static double MaxOfPTimesAbsOneMinusTwoP(double lo, double hi) {
@@ -550,9 +621,10 @@ SecondOrderSplitHead SecondOrderSplitHeadUp(const HeadGeometry& G, const FactorB
   for (int i = 0; i < n; ++i) {
     const int len = causal ? i + 1 : n;
     const Eigen::VectorXd cap = F.p_hi.row(i).head(len).transpose(), a = F.a_sup.row(i).head(len).transpose();
-    // ab2 >= sum_j P_j ||a_j|| ||b_j||^2 and ab1 >= sum_j P_j ||a_j|| ||b_j|| (b_j: the query motion's spread).
+    // ab2 >= sum_j P_j ||a_j|| ||b_j||^2 and ab1 >= sum_j P_j ||a_j|| ||b_j|| (b_j: the query motion's spread),
     const double ab2 = QueryMomentUp(F, i, len, 2);
-    const double ab1 = QueryMomentUp(F, i, len, 1);
+    // (or the operator ||sum_j P_j a_j b_j^T||, which keeps the keys' cancellation)
+    const double ab1 = std::min(QueryMomentUp(F, i, len, 1), ValueQueryCovarianceUp(G, F, rho, i, len));
     // star(k): the coefficient of x_i x_k (the row's query times key k's motion);
     // m(k) p(l): that of x_k x_l, k != l (two keys' motions).
     Eigen::VectorXd star(len), m(len), p(len);

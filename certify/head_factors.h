@@ -66,6 +66,11 @@ struct HeadGeometry {
   // Wk_h^T Wk_h, and upper bounds on ||Wq_h||, ||Wk_h||.
   IntervalMatrix value_gram, wq_gram, wk_gram;
   double value_norm = kInf, value_err = kInf, value_iso = kInf, wq_norm = kInf, wk_norm = kInf;
+  // Dot heads, norm 2, for ValueQueryCovarianceUp: the floating Grams (N x N) of the centred
+  // midpoints U~ = fl(m_u - c_u) and B~ = fl(m_b - c_b) (c: the columns' means), and upper
+  // bounds on their rows' norms (plus 1e-150, which covers the Grams' underflow).
+  Eigen::MatrixXd u_gram, b_gram;
+  Eigen::VectorXd u_row_norm, b_row_norm;
 };
 
 // Head h's geometry at the centre zc (N, D) of the MHA input, for the engine norm p.
@@ -144,6 +149,14 @@ struct SecondOrderSplitHead {
 };
 SecondOrderSplitHead SecondOrderSplitHeadUp(const HeadGeometry& G, const FactorBounds& F, const Eigen::VectorXd& rho,
                                             bool causal);
+
+// Norm 2, dot heads, row i: >= sup over the cover of ||sum_k P_ik a_ik b_ik^T||_2, the covariance
+// Cov_P(u, b) of the values and the query gradients under the row's weights (docs/engines.md,
+// "The values' and queries' covariance"); +inf for other heads. Where the products'
+// magnitudes sum_k P_ik ||a_ik|| ||b_ik|| take every key at its own direction, this keeps their
+// cancellation: at the centre's weights it is the Frobenius norm of U~^T (W - w w^T / s) B~.
+double ValueQueryCovarianceUp(const HeadGeometry& G, const FactorBounds& F, const Eigen::VectorXd& rho, int i,
+                              int len);
 
 // Norm 2, dot heads: row i's second derivative when token i moves alone by U (unit), as a
 // quadratic form over the cover (docs/engines.md, "The moving token's own row"): its query's

@@ -170,6 +170,68 @@ TEST(HeadFactorsTest, ValueAndQuerySpreadsHoldOverTheSet) {
   EXPECT_GT(l2, 0);
 }
 
+// ValueQueryCovarianceUp bounds ||sum_k P_ik (u_k - ubar_i)(b_k - bbar_i)^T||_2 at points of
+// the set (P in MPFR, dot layers with sharp rows, causal included; l2 heads get +inf). At the
+// centre of a point set it is within 2x of the exact norm (Frobenius against spectral at rank
+// <= 3), and it is below the magnitudes' sum sum_k P_ik ||a_ik|| ||b_ik|| on most rows.
+TEST(HeadFactorsTest, ValueQueryCovarianceHoldsOverTheSet) {
+  mpfr::mpreal::set_default_prec(256);
+  std::mt19937_64 rng(20261206);
+  const int cases = int(60 * TestScale());
+  int checked = 0, tight = 0, below_sum = 0, rows = 0, l2 = 0;
+  for (int t = 0; t < cases; ++t) {
+    const AttentionLayer L = SharpLayerWithoutLayerNorm(rng);
+    InputSet set = RandomSet(rng, std::uniform_int_distribution<int>(2, 4)(rng), L.d_model);
+    if (t % 4 == 0) set.radius = 0;
+    const int n = set.tokens();
+    const MhaInput in = MhaInputOver(L, CoverOf(set), NormKind::kL2);
+    for (int h = 0; h < L.heads; ++h) {
+      const HeadGeometry G = HeadGeometryAt(L, h, in.zc, NormKind::kL2);
+      const FactorBounds F = HeadFactorBounds(G, in.rho_z, in.joint_z, L.causal);
+      if (L.kind != AttentionKind::kDot) {
+        EXPECT_TRUE(std::isinf(ValueQueryCovarianceUp(G, F, in.rho_z, 0, L.causal ? 1 : n)));
+        ++l2;
+        continue;
+      }
+      Eigen::VectorXd bound(n);
+      for (int i = 0; i < n; ++i) {
+        const int len = L.causal ? i + 1 : n;
+        bound(i) = ValueQueryCovarianceUp(G, F, in.rho_z, i, len);
+        ASSERT_TRUE(std::isfinite(bound(i))) << "case " << t;
+        Eigen::VectorXd ab(len);
+        for (int j = 0; j < len; ++j) ab(j) = F.a_sup(i, j) * F.b_sup(i, j);
+        below_sum += bound(i) < SimplexWeightedSumUp(F.p_hi.row(i).transpose(), ab, len);
+        ++rows;
+      }
+      std::vector<Eigen::MatrixXd> points = CoverPoints(rng, set, 4);
+      points.push_back(set.center);
+      for (const Eigen::MatrixXd& x : points) {
+        const HeadGeometry at = HeadGeometryAt(L, h, x, NormKind::kL2);
+        const MpMat p = Evaluate<mpfr::mpreal>(L, ToMp(x)).heads[h].p;
+        for (int i = 0; i < n; ++i) {
+          const int len = L.causal ? i + 1 : n;
+          Eigen::RowVectorXd ubar = Eigen::RowVectorXd::Zero(at.u.mid.cols()), bbar = Eigen::RowVectorXd::Zero(at.b.mid.cols());
+          for (int k = 0; k < len; ++k) {
+            ubar += p(i, k).toDouble() * at.u.mid.row(k);
+            bbar += p(i, k).toDouble() * at.b.mid.row(k);
+          }
+          Eigen::MatrixXd c = Eigen::MatrixXd::Zero(at.u.mid.cols(), at.b.mid.cols());
+          for (int k = 0; k < len; ++k)
+            c += p(i, k).toDouble() * (at.u.mid.row(k) - ubar).transpose() * (at.b.mid.row(k) - bbar);
+          const double exact = Eigen::JacobiSVD<Eigen::MatrixXd>(c).singularValues()(0);
+          ASSERT_LE(exact, bound(i) * (1 + 1e-9) + 1e-12) << "case " << t << " head " << h << " row " << i;
+          if (set.radius == 0) tight += bound(i) <= 2 * exact + 1e-9;
+          ++checked;
+        }
+      }
+    }
+  }
+  EXPECT_GT(checked, cases);
+  EXPECT_GT(l2, 0);
+  EXPECT_GT(tight, checked / 40);    // the point sets' rows (a quarter of the cases, one point in five)
+  EXPECT_GT(below_sum, rows / 4);
+}
+
 // d^2/ds^2 f(X + s U) at s = 0 in MPFR (256 bits): the central second difference with a step
 // of 1e-20, whose truncation error (~1e-40) and rounding (2^-256 |f| / 1e-40) are far below
 // the tolerances here.
