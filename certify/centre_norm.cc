@@ -965,18 +965,22 @@ int DeflationVectorsAfterBasis(const AttentionLayer& L, int n, const CentreNormO
   const int kept = int(std::min<double>(k, std::floor(budget / (kSecondsPerVector * nd * nd))));
   // Under 3x load (three runs on 2 cores) MiniLM N = 32 kept 56 and 131 of about 600
   // vectors, and the blocks' certificates then ran out of time: 14.8 and 15.1 against the
-  // plain super-blocks' 6.353. So fewer than half of k means the plain super-blocks.
-  return kept >= std::max(std::min(kMinDeflationVectors, k), (k + 1) / 2) ? kept : 0;
+  // plain super-blocks' 6.353. Fewer than half of k then meant the plain super-blocks; now
+  // the deflated pass's first block measures the pace (and retries with fewer columns or
+  // gives up), so any kMinDeflationVectors are tried: a slower machine reads as load too
+  // (an EPYC's basis ran 1.5x its idle model), and the model's k left it none.
+  return kept >= std::min(kMinDeflationVectors, k) ? kept : 0;
 }
 
 }  // namespace
 
-int DeflationVectorsThatFit(const AttentionLayer& L, int n, const CentreNormOptions& o, double extra_seconds) {
+int DeflationVectorsThatFit(const AttentionLayer& L, int n, const CentreNormOptions& o, double extra_seconds,
+                            double slowdown) {
   const double nd = double(n) * L.d_model;
   const int asked = int(std::min<double>(o.deflation_vectors, nd));
   if (asked <= 0 || o.deadline == std::chrono::steady_clock::time_point::max()) return std::max(asked, 0);
   // The largest k with kSecondsPerVector (N D)^2 k + kSecondsPerVector2 N D k^2 <= budget.
-  const double budget = SecondsLeft(o.deadline) / 1.3 - PlainSuperBlockSeconds(L, n, o) - extra_seconds;
+  const double budget = SecondsLeft(o.deadline) / (1.3 * std::max(1.0, slowdown)) - PlainSuperBlockSeconds(L, n, o) - extra_seconds;
   if (!(budget > 0)) return 0;
   const double a = kSecondsPerVector * nd * nd, b = kSecondsPerVector2 * nd;
   const double fits = 2 * budget / (a + std::sqrt(a * a + 4 * b * budget));
@@ -1022,7 +1026,9 @@ void Reorthogonalise(const Eigen::Ref<const Eigen::MatrixXd>& q, Eigen::VectorXd
 }  // namespace
 
 DeflationBasis DeflationBasisOf(const AttentionLayer& layer, const Eigen::MatrixXd& x0, int k, int threads,
-                                std::chrono::steady_clock::time_point deadline) {
+                                std::chrono::steady_clock::time_point deadline,
+                                const std::function<int(int steps, double seconds)>& resize) {
+  const auto t0 = std::chrono::steady_clock::now();
   const long nd = long(x0.rows()) * x0.cols();
   if (k < 1 || k > nd) throw std::invalid_argument("deflation: k must be in [1, N D]");
   const JacobianProducts products = JacobianProductsOf(layer, x0, threads);
@@ -1037,8 +1043,10 @@ DeflationBasis DeflationBasisOf(const AttentionLayer& layer, const Eigen::Matrix
   q.col(0).normalize();
   Eigen::VectorXd w(nd);
   int cols = k;
+  int target = k;
   for (int j = 0; j + 1 < k; ++j) {
-    if (Past(deadline)) {
+    if (resize && j > 0 && j % 16 == 0) target = std::clamp(resize(j, SecondsSince(t0)), 1, target);
+    if (Past(deadline) || j + 1 >= target) {
       cols = j + 1;
       break;
     }
@@ -1102,11 +1110,15 @@ double SumErrorF(double terms, double abs_terms_f, double rows, double cols) {
 using BlockAssembler = std::function<void(int r0, int r1, int c0, int c1, IntervalMatrix* out)>;
 // With may_abandon, the first block's time is a probe of the machine's present speed: when
 // every block at that pace would not fit before the deadline, the pass stops there (+inf,
-// rep->deflation_abandoned) so that the caller can run the anytime plain super-blocks. A
-// deflated block left with its Frobenius norm costs far more than a plain one.
+// rep->deflation_abandoned) so that the caller can run the anytime plain super-blocks (a
+// deflated block left with its Frobenius norm costs far more than a plain one), or the pass
+// again with fewer columns: *fewer_vectors is how many would fit at that pace (the GEMMs'
+// time scales with k, the assembly's and the certificate's do not), 0 when that is under
+// max(kMinDeflationVectors, k / 4).
 UpperBound DeflatedSuperBlockBound(const BlockAssembler& block, int n, int d, const Eigen::MatrixXd& v,
                                    const Eigen::MatrixXd& y, int g, const CentreNormOptions& o, CentreNormReport* rep,
-                                   bool may_abandon = false) {
+                                   bool may_abandon = false, int* fewer_vectors = nullptr) {
+  if (fewer_vectors) *fewer_vectors = 0;
   const ScopedSoundFpEnvironment fp_guard;
   const int k = int(v.cols());
   const long nd = long(n) * d;
@@ -1143,6 +1155,7 @@ UpperBound DeflatedSuperBlockBound(const BlockAssembler& block, int n, int d, co
       const auto [rc, mc] = rows(c);
       const auto t_rest = std::chrono::steady_clock::now();
       block(i * g, std::min(n, (i + 1) * g), c * g, std::min(n, (c + 1) * g), &blk);
+      const double assembly_s = SecondsSince(t_rest);
       const double m_f = NormFrobeniusUpper(blk.mid).value();
       const double r_f = NormFrobeniusUpper(blk.rad).value();  // +inf for a NaN radius
       Eigen::MatrixXd& f = blk.mid;  // F, in place of M
@@ -1156,7 +1169,8 @@ UpperBound DeflatedSuperBlockBound(const BlockAssembler& block, int n, int d, co
       d_enc[i] = AddUp(d_enc[i], MulUp(rho, v_norm));
       ety_abs[c] = AddUp(ety_abs[c], MulUp(f_f, y_f[i]));
       ety_enc[c] = AddUp(ety_enc[c], MulUp(rho, y_f[i]));
-      rest_s = std::max(rest_s, SecondsSince(t_rest));
+      const double block_rest_s = SecondsSince(t_rest);
+      rest_s = std::max(rest_s, block_rest_s);
       const double left = std::chrono::duration<double>(o.deadline - std::chrono::steady_clock::now()).count();
       double dense = kInf;
       if (!frobenius && gram_s + rest_s * double(groups * groups - done - 1) <= left) {
@@ -1167,9 +1181,18 @@ UpperBound DeflatedSuperBlockBound(const BlockAssembler& block, int n, int d, co
       if (std::isfinite(dense)) ++rep->exact_blocks;
       b(i, c) = AddUp(std::isfinite(dense) ? dense : f_f, rho);
       ++done;
-      if (may_abandon && done == 1 && !frobenius &&
-          (rest_s + gram_s) * double(groups * groups - 1) > SecondsLeft(o.deadline)) {
+      if (may_abandon && done == std::min(2, groups * groups - 1) && !frobenius &&
+          1.15 * (block_rest_s + gram_s) * double(groups * groups - done) > SecondsLeft(o.deadline)) {
         rep->deflation_abandoned = true;
+        if (fewer_vectors) {
+          // Every block again, with a margin of 1.2: per block, the certificate and the
+          // assembly, and the GEMMs at k' / k of their time.
+          const double per_block = SecondsLeft(o.deadline) / (1.2 * double(groups * groups));
+          const double gemm_s = std::max(block_rest_s - assembly_s, 1e-9);
+          const double fits = double(k) * (per_block - gram_s - assembly_s) / gemm_s;
+          const int kept = fits >= k ? k - 1 : int(std::max(0.0, std::floor(fits)));
+          if (kept >= std::max(kMinDeflationVectors, k / 4)) *fewer_vectors = kept;
+        }
         return UpperBound(kInf);
       }
     }
@@ -1385,16 +1408,34 @@ UpperBound CentreJacobianNormUpperBound(const AttentionLayer& L, const Eigen::Ma
     // The basis gets at most twice its idle time (0.5 s at least: small layers' bases are
     // all set-up); cut there, the machine is so loaded that the plain super-blocks run.
     const double cap_s = std::max(0.5, 2 * IdleBasisSeconds(double(n) * d, k));
-    const DeflationBasis basis = DeflationBasisOf(L.WithoutPostLayerNorm(), x0, k, o.threads, BasisDeadline(o.deadline, cap_s));
+    // k was sized for an idle machine of the models' pace; a loaded or slower one shows in
+    // the basis's own time: every 16 steps, past 1.35x the idle model, the run is resized to
+    // what fits at the pace seen (an EPYC ran 1.5x the model and sized k = 767 for 80 s,
+    // of which 86 could be used).
+    int asked = k;
+    const auto resize = [&](int steps, double seconds) {
+      const double nd = double(n) * d, ratio = seconds / IdleBasisSeconds(nd, steps);
+      if (ratio <= 1.35) return asked;
+      asked = std::min(asked, std::max(steps + 1, DeflationVectorsThatFit(L, n, o, -IdleBasisSeconds(nd, steps), ratio)));
+      return asked;
+    };
+    const DeflationBasis basis =
+        DeflationBasisOf(L.WithoutPostLayerNorm(), x0, k, o.threads, BasisDeadline(o.deadline, cap_s), resize);
     rep.deflation_basis_seconds = SecondsSince(t_basis);
-    // k was sized for an idle machine; a loaded one shows in the basis's own time. Fewer
-    // columns of V and Y serve as well; with fewer than half of them the plain super-blocks run.
-    const int kept = int(basis.v.cols()) < k ? 0 : DeflationVectorsAfterBasis(L, n, o, k, rep.deflation_basis_seconds);
+    // Fewer columns of V and Y serve as well (DeflationVectorsAfterBasis).
+    const int kept = int(basis.v.cols()) < asked ? 0 : DeflationVectorsAfterBasis(L, n, o, asked, rep.deflation_basis_seconds);
     if (kept == 0) {
       bound = PlainSuperBlockBound(S, o, rep);
     } else {
-      bound = DeflatedSuperBlockBound(AssemblerOf(S, o.threads), n, d, basis.v.leftCols(kept), basis.y.leftCols(kept),
-                                      rep.group_tokens, o, &rep, /*may_abandon=*/true);
+      // At most three probes, each with fewer columns than the last.
+      for (int cols = kept, attempt = 0; cols > 0 && attempt < 3; ++attempt) {
+        rep.deflation_abandoned = false;
+        rep.exact_blocks = 0;
+        int fewer = 0;
+        bound = DeflatedSuperBlockBound(AssemblerOf(S, o.threads), n, d, basis.v.leftCols(cols), basis.y.leftCols(cols),
+                                        rep.group_tokens, o, &rep, /*may_abandon=*/true, &fewer);
+        cols = rep.deflation_abandoned && fewer < cols ? fewer : 0;
+      }
       if (rep.deflation_abandoned) {
         rep.exact_blocks = 0;
         bound = PlainSuperBlockBound(S, o, rep);

@@ -33,6 +33,7 @@
 
 #include <Eigen/Dense>
 #include <chrono>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -129,12 +130,14 @@ UpperBound DeflatedPostLnCentreNormUpperBound(const AttentionLayer& mha, const E
 
 // k Lanczos vectors V of J^T J (floating point, reorthogonalised twice, a fixed start) and
 // Y = fl(J V), J the Jacobian of `layer` at x0 as the evaluator (or, with a post-LN, the
-// model's own JVP/VJP) computes it. Fewer columns when the deadline cut the Lanczos run.
+// model's own JVP/VJP) computes it. Fewer columns when the deadline cut the Lanczos run, or
+// when `resize(steps, seconds)` (asked every 16 steps) returned fewer than asked.
 struct DeflationBasis {
   Eigen::MatrixXd v, y;  // (N D) x k each
 };
 DeflationBasis DeflationBasisOf(const AttentionLayer& layer, const Eigen::MatrixXd& x0, int k, int threads,
-                                std::chrono::steady_clock::time_point deadline);
+                                std::chrono::steady_clock::time_point deadline,
+                                const std::function<int(int steps, double seconds)>& resize = nullptr);
 // The deadline for a deflation basis inside a window ending at `deadline`: half of the time
 // left, and at most cap_seconds, so that a basis cut short still leaves the blocks (or the
 // plain super-blocks) their time (max() stays max()).
@@ -142,8 +145,10 @@ std::chrono::steady_clock::time_point BasisDeadline(std::chrono::steady_clock::t
 
 // How many deflation vectors fit before opts.deadline (docs/engines.md, "Deflation"), with
 // `extra_seconds` of other work in the same window: opts.deflation_vectors (at most N D)
-// without a deadline; 0 when fewer than min(32, asked) fit.
-int DeflationVectorsThatFit(const AttentionLayer& layer, int tokens, const CentreNormOptions& opts, double extra_seconds);
+// without a deadline; 0 when fewer than min(32, asked) fit. `slowdown` (>= 1): this
+// machine's pace against the time models'.
+int DeflationVectorsThatFit(const AttentionLayer& layer, int tokens, const CentreNormOptions& opts, double extra_seconds,
+                            double slowdown = 1.0);
 
 // The enclosure of all of J(x0) ((N D) x (N D), row-major token flattening i*D + a), as the
 // engine assembles it: for tests and small sizes.
