@@ -1190,7 +1190,7 @@ UpperBound DeflatedSuperBlockBound(const BlockAssembler& block, int n, int d, co
           const double per_block = SecondsLeft(o.deadline) / (1.2 * double(groups * groups));
           const double gemm_s = std::max(block_rest_s - assembly_s, 1e-9);
           const double fits = double(k) * (per_block - gram_s - assembly_s) / gemm_s;
-          const int kept = fits >= k ? k - 1 : int(std::max(0.0, std::floor(fits)));
+          const int kept = int(std::max(0.0, std::floor(std::min(fits, 0.9 * k))));  // a real step down
           if (kept >= std::max(kMinDeflationVectors, k / 4)) *fewer_vectors = kept;
         }
         return UpperBound(kInf);
@@ -1416,7 +1416,8 @@ UpperBound CentreJacobianNormUpperBound(const AttentionLayer& L, const Eigen::Ma
     const auto resize = [&](int steps, double seconds) {
       const double nd = double(n) * d, ratio = seconds / IdleBasisSeconds(nd, steps);
       if (ratio <= 1.35) return asked;
-      asked = std::min(asked, std::max(steps + 1, DeflationVectorsThatFit(L, n, o, -IdleBasisSeconds(nd, steps), ratio)));
+      const int fit = DeflationVectorsThatFit(L, n, o, -IdleBasisSeconds(nd, steps), ratio);
+      asked = fit == 0 ? 0 : std::min(asked, std::max(steps + 1, fit));  // 0: the plain super-blocks
       return asked;
     };
     const DeflationBasis basis =

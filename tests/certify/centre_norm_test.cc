@@ -339,6 +339,44 @@ TEST(CentreNormTest, DeflatedBoundHoldsForAnyBasisAndImage) {
                std::invalid_argument);
 }
 
+// The basis's resize (DeflationBasisOf): asked every 16 steps, it ends the Lanczos run where
+// it says (0: one step past the ask; more than asked: all of them), and the shorter basis is
+// still orthonormal with Y = J V, and gives a bound above sigma_1.
+TEST(CentreNormTest, DeflationBasisStopsWhereItsResizeSays) {
+  std::mt19937_64 rng(1407);
+  RandomLayerOptions lo;
+  lo.max_width = 6;
+  lo.max_heads = 2;
+  int checked = 0;
+  for (int t = 0; t < int(6 * TestScale()); ++t) {
+    AttentionLayer L = RandomLayer(rng, lo);
+    L.layer_norm.reset();
+    const int n = 40 / L.d_model + 2, nd = n * L.d_model;  // nd > 40
+    const Eigen::MatrixXd x0 = RandomCentre(rng, n, L.d_model, 1.0);
+    const Eigen::MatrixXd j = ToDouble(ReferenceJacobian(L, x0, CentreNormOptions{}));
+    const double sigma = Sigma1(j);
+    for (const int want : {0, 20, 100}) {
+      std::vector<int> asked_at;
+      const DeflationBasis b = DeflationBasisOf(L, x0, 40, 1, std::chrono::steady_clock::time_point::max(),
+                                                [&](int steps, double) {
+                                                  asked_at.push_back(steps);
+                                                  return want;
+                                                });
+      const int expected = want == 0 ? 17 : std::min(want, 40);
+      ASSERT_EQ(b.v.cols(), expected) << "case " << t << " want " << want;
+      ASSERT_EQ(b.y.cols(), expected);
+      ASSERT_FALSE(asked_at.empty());
+      EXPECT_EQ(asked_at.front(), 16);
+      EXPECT_LE((b.v.transpose() * b.v - Eigen::MatrixXd::Identity(expected, expected)).norm(), 1e-10);
+      EXPECT_LE((b.y - j * b.v).norm(), 1e-10 * (1 + j.norm())) << "case " << t;
+      EXPECT_GE(DeflatedCentreNormUpperBound(L, x0, b.v, b.y).value(), sigma * (1 - 1e-14)) << "case " << t;
+      ++checked;
+    }
+    EXPECT_GT(nd, 40);
+  }
+  EXPECT_EQ(checked, 3 * int(6 * TestScale()));
+}
+
 // Through Certify (--deflate): radius 0 above the dense size, the centre_norm engine's term
 // says it was deflated and the certified bound is above the MPFR sigma_1; a negative count
 // is refused naming the field.
