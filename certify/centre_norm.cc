@@ -1108,13 +1108,14 @@ double SumErrorF(double terms, double abs_terms_f, double rows, double cols) {
 // `block(r0, r1, c0, c1, &out)` encloses the block of J for tokens [r0, r1) x [c0, c1) in
 // out (every entry written; out's storage is reused from block to block).
 using BlockAssembler = std::function<void(int r0, int r1, int c0, int c1, IntervalMatrix* out)>;
-// With may_abandon, the first block's time is a probe of the machine's present speed: when
+// With may_abandon, the second block's time (the first is slowed by first-touch pages) is a
+// probe of the machine's present speed: when
 // every block at that pace would not fit before the deadline, the pass stops there (+inf,
 // rep->deflation_abandoned) so that the caller can run the anytime plain super-blocks (a
 // deflated block left with its Frobenius norm costs far more than a plain one), or the pass
 // again with fewer columns: *fewer_vectors is how many would fit at that pace (the GEMMs'
 // time scales with k, the assembly's and the certificate's do not), 0 when that is under
-// max(kMinDeflationVectors, k / 4).
+// kMinDeflationVectors.
 UpperBound DeflatedSuperBlockBound(const BlockAssembler& block, int n, int d, const Eigen::MatrixXd& v,
                                    const Eigen::MatrixXd& y, int g, const CentreNormOptions& o, CentreNormReport* rep,
                                    bool may_abandon = false, int* fewer_vectors = nullptr) {
@@ -1191,7 +1192,7 @@ UpperBound DeflatedSuperBlockBound(const BlockAssembler& block, int n, int d, co
           const double gemm_s = std::max(block_rest_s - assembly_s, 1e-9);
           const double fits = double(k) * (per_block - gram_s - assembly_s) / gemm_s;
           const int kept = int(std::max(0.0, std::floor(std::min(fits, 0.9 * k))));  // a real step down
-          if (kept >= std::max(kMinDeflationVectors, k / 4)) *fewer_vectors = kept;
+          if (kept >= kMinDeflationVectors) *fewer_vectors = kept;
         }
         return UpperBound(kInf);
       }
