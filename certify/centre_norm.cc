@@ -951,7 +951,7 @@ bool BasisDescribesTheEnclosure(const AttentionLayer& L, const CentreNormOptions
 }
 
 // After a basis of k vectors that took basis_seconds: how many of its columns the block
-// pass can take before o.deadline (0: fewer than min(32, k) or than half of k). k was sized
+// pass can take before o.deadline (0: fewer than min(32, k)). k was sized
 // for an idle machine; the basis's own time against its idle model gives the slowdown.
 int DeflationVectorsAfterBasis(const AttentionLayer& L, int n, const CentreNormOptions& o, int k, double basis_seconds) {
   if (o.deadline == std::chrono::steady_clock::time_point::max() || k <= 0) return std::max(k, 0);
@@ -966,7 +966,7 @@ int DeflationVectorsAfterBasis(const AttentionLayer& L, int n, const CentreNormO
   // Under 3x load (three runs on 2 cores) MiniLM N = 32 kept 56 and 131 of about 600
   // vectors, and the blocks' certificates then ran out of time: 14.8 and 15.1 against the
   // plain super-blocks' 6.353. Fewer than half of k then meant the plain super-blocks; now
-  // the deflated pass's first block measures the pace (and retries with fewer columns or
+  // the deflated pass's second block measures the pace (and retries with fewer columns or
   // gives up), so any kMinDeflationVectors are tried: a slower machine reads as load too
   // (an EPYC's basis ran 1.5x its idle model), and the model's k left it none.
   return kept >= std::min(kMinDeflationVectors, k) ? kept : 0;

@@ -99,8 +99,9 @@ struct CentreNormReport {
   double deflation_coupling = 0;  // >= ||(Y + D)^T E||
   double deflation_orthogonality = 0;  // >= ||V^T V - I||
   bool timed_out = false; // the deadline passed: the bound is +inf
-  // The deflated pass's first block, at the machine's present speed, projected the pass
-  // past the deadline: the plain super-blocks ran instead (method "super_block").
+  // The deflated pass's probe (its second block, at the machine's present speed) projected
+  // the pass past the deadline, and so did its retries with fewer vectors: the plain
+  // super-blocks ran instead (method "super_block").
   bool deflation_abandoned = false;
 };
 

@@ -141,14 +141,18 @@ HeadGeometry HeadGeometryAt(const AttentionLayer& L, int h, const Eigen::MatrixX
     G.wq_norm = NormL2Upper(wq).value();
     G.wk_norm = NormL2Upper(wk).value();
     // The centred midpoints' Grams (ValueQueryCovarianceUp).
-    auto centred = [n](const Eigen::MatrixXd& m, Eigen::MatrixXd* gram, Eigen::VectorXd* norms) {
-      const Eigen::MatrixXd c = m.rowwise() - m.colwise().mean();
+    auto centred = [n](const IntervalMatrix& m, Eigen::MatrixXd* gram, Eigen::VectorXd* norms, Eigen::VectorXd* rad_norms) {
+      const Eigen::MatrixXd c = m.mid.rowwise() - m.mid.colwise().mean();
       *gram = c * c.transpose();
       norms->resize(n);
-      for (int k = 0; k < n; ++k) (*norms)(k) = AddUp(NormUpOfMagnitudes(c.row(k).cwiseAbs().transpose(), VectorNorm::kTwo), 1e-150);
+      rad_norms->resize(n);
+      for (int k = 0; k < n; ++k) {
+        (*norms)(k) = AddUp(NormUpOfMagnitudes(c.row(k).cwiseAbs().transpose(), VectorNorm::kTwo), 1e-150);
+        (*rad_norms)(k) = NormUpOfMagnitudes(m.rad.row(k).transpose(), VectorNorm::kTwo);
+      }
     };
-    centred(G.u.mid, &G.u_gram, &G.u_row_norm);
-    centred(G.b.mid, &G.b_gram, &G.b_row_norm);
+    centred(G.u, &G.u_gram, &G.u_row_norm, &G.u_rad_norm);
+    centred(G.b, &G.b_gram, &G.b_row_norm, &G.b_rad_norm);
   }
   return G;
 }
@@ -577,8 +581,8 @@ double ValueQueryCovarianceUp(const HeadGeometry& G, const FactorBounds& F, cons
   for (int k = 0; k < len; ++k) {
     nu(k) = DivUp(G.a_anchor(i, k), s_lo);
     nbr(k) = DivUp(G.b_anchor(i, k), s_lo);
-    eu(k) = AddUp(NormUpOfMagnitudes(G.u.rad.row(k).transpose(), VectorNorm::kTwo), MulUp(G.c_u, rho(k)));
-    eb(k) = AddUp(NormUpOfMagnitudes(G.b.rad.row(k).transpose(), VectorNorm::kTwo), MulUp(G.c_b, rho(k)));
+    eu(k) = AddUp(G.u_rad_norm(k), MulUp(G.c_u, rho(k)));
+    eb(k) = AddUp(G.b_rad_norm(k), MulUp(G.c_b, rho(k)));
     dev(k) = std::max({0.0, SubUp(F.p_hi(i, k), w(k)), SubUp(w(k), F.p_lo(i, k))});
     c(k) = AddUp(AddUp(MulUp(eu(k), nbr(k)), MulUp(nu(k), eb(k))), MulUp(eu(k), eb(k)));
   }

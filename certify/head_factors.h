@@ -68,9 +68,10 @@ struct HeadGeometry {
   double value_norm = kInf, value_err = kInf, value_iso = kInf, wq_norm = kInf, wk_norm = kInf;
   // Dot heads, norm 2, for ValueQueryCovarianceUp: the floating Grams (N x N) of the centred
   // midpoints U~ = fl(m_u - c_u) and B~ = fl(m_b - c_b) (c: the columns' means), and upper
-  // bounds on their rows' norms (plus 1e-150, which covers the Grams' underflow).
+  // bounds on their rows' norms (plus 1e-150, which covers the Grams' underflow), and upper
+  // bounds on the norms of the enclosures' radii, row by row.
   Eigen::MatrixXd u_gram, b_gram;
-  Eigen::VectorXd u_row_norm, b_row_norm;
+  Eigen::VectorXd u_row_norm, b_row_norm, u_rad_norm, b_rad_norm;
 };
 
 // Head h's geometry at the centre zc (N, D) of the MHA input, for the engine norm p.
