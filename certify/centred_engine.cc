@@ -1,6 +1,7 @@
 #include "certify/centred_engine.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <stdexcept>
@@ -47,14 +48,18 @@ double SecondOrderSupUp(const std::vector<HeadGeometry>& geo, const MhaInput& in
 // point at s lies in the cover scaled by s. So with nodes 0 < s_1 < ... < s_K = 1,
 //   sup ||J_M(z) - J_M(zc)|| <= joint_z sum_k (s_k - s_{k-1}) T(s_k),
 // T(s) = SecondOrderSupUp at s. T(1) comes from the caller; the nodes 1/2, 1/4, 3/4, then the
-// odd eighths are added while they fit in a tenth of the time left (the rest is the centre
-// norm's); any set of nodes gives a bound, and T(1) bounds every T(s).
+// odd eighths are added while they fit in a tenth of the window left (the rest is the centre
+// norm's; the window ends at refine_until where that is before the deadline); any set of
+// nodes gives a bound, and T(1) bounds every T(s).
 double SecondOrderVariationUp(const std::vector<HeadGeometry>& geo, const MhaInput& in, bool causal, double t_one,
-                              const BoundOptions& opts) {
+                              const BoundOptions& opts, std::chrono::steady_clock::time_point refine_until) {
   std::vector<std::pair<double, double>> nodes = {{1.0, t_one}};  // (s, T(s))
-  const bool timed = opts.deadline != std::chrono::steady_clock::time_point::max();
+  // The variation's own window ends at the deadline or, where the caller keeps time after it,
+  // at refine_until.
+  const auto horizon = std::min(opts.deadline, refine_until);
+  const bool timed = horizon != std::chrono::steady_clock::time_point::max();
   const auto start = std::chrono::steady_clock::now();
-  const auto budget_end = timed ? start + (opts.deadline - start) / 10 : opts.deadline;
+  const auto budget_end = timed ? start + (horizon - start) / 10 : horizon;
   auto last = std::chrono::steady_clock::duration::zero();
   for (const double s : {0.5, 0.25, 0.75, 0.125, 0.375, 0.625, 0.875}) {
     const auto t0 = std::chrono::steady_clock::now();
@@ -100,7 +105,8 @@ double CentredEngineSecondsEstimate(const AttentionLayer& layer, int tokens, dou
   return CentredEngineCostEstimate(layer, tokens) / flops_per_second;
 }
 
-CentredVariation CentredVariationBound(const AttentionLayer& L, const TokenCover& cover, const BoundOptions& opts) {
+CentredVariation CentredVariationBound(const AttentionLayer& L, const TokenCover& cover, const BoundOptions& opts,
+                                       std::chrono::steady_clock::time_point refine_until) {
   const int n = int(cover.center.rows());
   CentredVariation v;
   // Every factor and block bound is in the engine's norm p (its dual q where the factor is
@@ -111,40 +117,63 @@ CentredVariation CentredVariationBound(const AttentionLayer& L, const TokenCover
   std::vector<HeadGeometry>& geo = v.geo;
   std::vector<FactorBounds>& centre = v.centre;
   const Eigen::VectorXd zero = Eigen::VectorXd::Zero(n);
-  // sup ||J_M(z) - J_M(zc)|| <= kron + ||rd||, with rd the N x N block bounds.
-  double kron = 0;
-  Eigen::MatrixXd full = Eigen::MatrixXd::Zero(n, n), rd = Eigen::MatrixXd::Zero(n, n);
-  // Row sums of the block bounds of J(X) - J(X0) (columns scaled by ell), with the rows of
-  // dP and P0 on the simplex (see SimplexWeightedSumUp).
-  Eigen::VectorXd row_sum = Eigen::VectorXd::Zero(n);
+  // sup ||J_M(z) - J_M(zc)|| <= kron + ||rd||, with rd the N x N block bounds; and the row
+  // sums of the block bounds of J(X) - J(X0) (columns scaled by ell), with the rows of dP and
+  // P0 on the simplex (see SimplexWeightedSumUp). Each head's share is computed on its own
+  // thread and the shares are added in head order below (the same bound for any threads).
+  struct HeadShare {
+    double kron = 0;
+    Eigen::MatrixXd full, rd;
+    Eigen::VectorXd row_sum;
+  };
   // Second order (norm 2): sup ||J_M(z) - J_M(zc)|| <= joint_z sup ||D^2 out||, with
   // ||D^2 out[U, U]|| bounded over the cover by SecondOrderSupUp.
   // (A point cover, joint radius 0, has nothing for it to bound: the first-order routes give
   // the rounding widths alone.)
   const bool second_order = p == NormKind::kL2 && std::isfinite(in.joint_z) && in.joint_z > 0;
-  std::vector<FactorBounds> over_cover;  // per head, for the second order at s = 1
-  for (int h = 0; h < L.heads; ++h) {
-    if (DeadlinePassed(opts)) return v;
-    geo.push_back(HeadGeometryAt(L, h, in.zc, p));
-    const HeadGeometry& G = geo.back();
+  std::vector<FactorBounds> over_cover(second_order ? L.heads : 0);  // per head, for the second order at s = 1
+  geo.assign(L.heads, HeadGeometry{});
+  centre.assign(L.heads, FactorBounds{});
+  std::vector<HeadShare> shares(L.heads);
+  std::atomic<bool> late{false};
+  ParallelFor(L.heads, WorkerCount(opts.threads, L.heads), [&](int h, int) {
+    if (late || DeadlinePassed(opts)) {
+      late = true;
+      return;
+    }
+    geo[h] = HeadGeometryAt(L, h, in.zc, p);
+    const HeadGeometry& G = geo[h];
     const FactorBounds F = HeadFactorBounds(G, in.rho_z, in.joint_z, L.causal);
-    centre.push_back(HeadFactorBounds(G, zero, 0.0, L.causal));
-    const FactorBounds& F0 = centre.back();
-    if (second_order) over_cover.push_back(F);
+    centre[h] = HeadFactorBounds(G, zero, 0.0, L.causal);
+    const FactorBounds& F0 = centre[h];
+    if (second_order) over_cover[h] = F;
+    HeadShare& share = shares[h];
+    share.full = Eigen::MatrixXd::Zero(n, n);
+    share.rd = Eigen::MatrixXd::Zero(n, n);
+    share.row_sum = Eigen::VectorXd::Zero(n);
+    Eigen::MatrixXd& full = share.full;
+    Eigen::MatrixXd& rd = share.rd;
+    Eigen::VectorXd& row_sum = share.row_sum;
+    // The distance rows serve every query row: each sorted once (SimplexWeightedSumUp's order).
+    const std::vector<std::vector<int>> du_orders = DescendingRowOrders(G.du),
+                                        side_orders = DescendingRowOrders(G.dot ? G.db : G.dg);
     // w_ij >= |P_ij(X) - P_ij(X0)|.
     Eigen::MatrixXd w(n, n);
     for (int i = 0; i < n; ++i)
       for (int j = 0; j < n; ++j)
         w(i, j) = std::max({SubUp(F.p_hi(i, j), F0.p_lo(i, j)), SubUp(F0.p_hi(i, j), F.p_lo(i, j)), 0.0});
-    kron = AddUp(kron, MulUp(NonnegNormUp(w, PrimalNorm(p)), G.w_norm));
+    share.kron = MulUp(NonnegNormUp(w, PrimalNorm(p)), G.w_norm);
     for (int i = 0; i < n; ++i) {
-      if (DeadlinePassed(opts)) return v;
+      if (DeadlinePassed(opts)) {
+        late = true;
+        return;
+      }
       const int len = L.causal ? i + 1 : n;
       const double rho_max = in.rho_z.head(len).maxCoeff();
       // sum_k |P_ik - P0_ik| c_k <= the greedy sum with caps w_ik and total 2.
       const Eigen::VectorXd w_i = w.row(i).transpose(), p0_i = F0.p_hi.row(i).transpose();
-      auto dp_sum = [&](const Eigen::MatrixXd& dist, int j) {
-        return SimplexWeightedSumUp(w_i, dist.row(j).transpose(), len, 2.0);
+      auto dp_sum = [&](const Eigen::MatrixXd& dist, const std::vector<std::vector<int>>& orders, int j) {
+        return SimplexWeightedSumUp(w_i, dist.row(j).transpose(), len, 2.0, orders[j]);
       };
       // Row i's terms, split by their weights (w or P0) for the row-sum bound below.
       Eigen::VectorXd cw_t(len), cp_t(len), cw_e(len), cp_e(len);
@@ -152,14 +181,14 @@ CentredVariation CentredVariationBound(const AttentionLayer& L, const TokenCover
       for (int j = 0; j < len; ++j) {
         full(i, j) = AddUp(full(i, j), MulUp(w(i, j), G.w_norm));
         // a_ij - a0_ij = du_j - dubar_i: ||.|| <= c_u (rho_j + max_k rho_k) + sum_k |dP_ik| ||u0_k - u0_j||.
-        const double da = AddUp(MulUp(G.c_u, AddUp(in.rho_z(j), rho_max)), dp_sum(G.du, j));
+        const double da = AddUp(MulUp(G.c_u, AddUp(in.rho_z(j), rho_max)), dp_sum(G.du, du_orders, j));
         double dg, db;
         if (G.dot) {
           dg = MulUp(G.c_g, in.rho_z(i));
-          db = AddUp(MulUp(G.c_b, AddUp(in.rho_z(j), rho_max)), dp_sum(G.db, j));
+          db = AddUp(MulUp(G.c_b, AddUp(in.rho_z(j), rho_max)), dp_sum(G.db, side_orders, j));
         } else {
           dg = MulUp(2.0, MulUp(G.c_g, AddUp(in.rho_z(i), in.rho_z(j))));
-          db = MulUp(2.0, AddUp(MulUp(G.c_g, AddUp(in.rho_z(j), rho_max)), dp_sum(G.dg, j)));
+          db = MulUp(2.0, AddUp(MulUp(G.c_g, AddUp(in.rho_z(j), rho_max)), dp_sum(G.dg, side_orders, j)));
         }
         // P a g^T - P0 a0 g0^T = dP a g^T + P0 da g^T + P0 a0 dg^T (and likewise with b).
         cw_t(j) = MulUp(AddUp(G.w_norm, MulUp(F.a_sup(i, j), F.g_sup(i, j))), in.ell(j));
@@ -177,6 +206,18 @@ CentredVariation CentredVariationBound(const AttentionLayer& L, const TokenCover
                                AddUp(SimplexWeightedSumUp(w_i, cw_e, len, 2.0), SimplexWeightedSumUp(p0_i, cp_e, len)));
       row_sum(i) = AddUp(row_sum(i), row);
     }
+  });
+  if (late) return v;
+  double kron = 0;
+  Eigen::MatrixXd full = Eigen::MatrixXd::Zero(n, n), rd = Eigen::MatrixXd::Zero(n, n);
+  Eigen::VectorXd row_sum = Eigen::VectorXd::Zero(n);
+  for (const HeadShare& share : shares) {
+    kron = AddUp(kron, share.kron);
+    for (Eigen::Index e = 0; e < full.size(); ++e) {
+      full.data()[e] = AddUp(full.data()[e], share.full.data()[e]);
+      rd.data()[e] = AddUp(rd.data()[e], share.rd.data()[e]);
+    }
+    for (int i = 0; i < n; ++i) row_sum(i) = AddUp(row_sum(i), share.row_sum(i));
   }
   const double ell_max = in.ell.maxCoeff();
   Eigen::MatrixXd all(n, n);
@@ -195,15 +236,17 @@ CentredVariation CentredVariationBound(const AttentionLayer& L, const TokenCover
   const double logit_path = ScaledNonnegNormUp(rd, in.ell, PrimalNorm(p));
   const double split = AddUp(value_path, logit_path);
   const double joint = ScaledNonnegNormUp(all, in.ell, PrimalNorm(p));
-  // T(1) refines its columns for at most a fifth of the time left (the nodes: their tenth).
-  const auto t_one_until = opts.deadline == std::chrono::steady_clock::time_point::max()
-                               ? opts.deadline
-                               : std::chrono::steady_clock::now() + (opts.deadline - std::chrono::steady_clock::now()) / 5;
+  // T(1) refines its columns for at most a fifth of the variation's window left (the nodes:
+  // their tenth); the window ends at the deadline or at refine_until.
+  const auto horizon = std::min(opts.deadline, refine_until);
+  const auto t_one_until = horizon == std::chrono::steady_clock::time_point::max()
+                               ? horizon
+                               : std::chrono::steady_clock::now() + (horizon - std::chrono::steady_clock::now()) / 5;
   const double second =
       second_order
           ? MulUp(ell_max, SecondOrderVariationUp(
                                geo, in, L.causal, SecondOrderSupUp(geo, in, L.causal, 1.0, opts.threads, t_one_until, &over_cover),
-                               opts))
+                               opts, refine_until))
           : kInf;
   const double variation = std::min({split, joint, schur, second});
   v.route = variation == second ? "variation sup ||J(X) - J(X0)|| (second order: radius x sup ||D^2 f||)"
@@ -306,8 +349,19 @@ EngineBound CentreNormBound(const AttentionLayer& L, const TokenCover& cover, co
   constexpr const char* kName = "centre_norm";
   if (const std::string why = CentreNormEngineRefusal(opts); !why.empty())
     throw std::invalid_argument(std::string(kName) + " engine: " + why);
+  // The variation's refinements leave the centre norm its least time (the assembly of its
+  // super-blocks, or its one dense certificate) with a margin of 1.2: without it, at
+  // BERT-base size they took 48.6 s of a 105 s window and the centre norm's 53 s assembly
+  // ran out of time (docs/engines.md, "Engine cost, deadlines and breakdown").
   const auto t_variation = std::chrono::steady_clock::now();
-  const CentredVariation v = CentredVariationBound(L, cover, opts);
+  auto refine_until = std::chrono::steady_clock::time_point::max();
+  if (opts.deadline != std::chrono::steady_clock::time_point::max()) {
+    const double reserve_s = 1.2 * CentreNormEngineSecondsEstimate(L, int(cover.center.rows()), centre_dense_limit,
+                                                                  opts.norm, /*minimum=*/true);
+    refine_until = opts.deadline - std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                       std::chrono::duration<double>(reserve_s));
+  }
+  const CentredVariation v = CentredVariationBound(L, cover, opts, refine_until);
   const double variation_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_variation).count();
   if (!v.complete) {
     EngineBound late = TimedOutBound(kName);

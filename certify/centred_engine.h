@@ -54,7 +54,11 @@ struct CentredVariation {
   std::vector<FactorBounds> centre;       // per head, factor bounds at the centre point
   bool complete = false;
 };
-CentredVariation CentredVariationBound(const AttentionLayer& layer, const TokenCover& cover, const BoundOptions& opts);
+// The second order's optional refinements (T(1)'s columns, the nodes of the integral) end
+// by refine_until too, where the caller keeps the time after it for other work.
+CentredVariation CentredVariationBound(
+    const AttentionLayer& layer, const TokenCover& cover, const BoundOptions& opts,
+    std::chrono::steady_clock::time_point refine_until = std::chrono::steady_clock::time_point::max());
 
 // Engine `centre_norm` (norms 2 and inf, any size; in the inf norm ||J(X0)||_inf comes from
 // the enclosure's row sums, CentreJacobianInfNormBounds, and the variation's block bounds

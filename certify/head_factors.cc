@@ -158,8 +158,9 @@ HeadGeometry HeadGeometryAt(const AttentionLayer& L, int h, const Eigen::MatrixX
 }
 
 // sum_k P_ik d_jk over the unmasked k, for P_i below p_hi with sum_k P_ik = 1.
-static double MeanDistanceUp(const Eigen::MatrixXd& p_hi, const Eigen::MatrixXd& d, int i, int j, int len) {
-  return SimplexWeightedSumUp(p_hi.row(i).transpose(), d.row(j).transpose(), len);
+static double MeanDistanceUp(const Eigen::MatrixXd& p_hi, const Eigen::MatrixXd& d, int i, int j, int len,
+                             const std::vector<std::vector<int>>& d_orders) {
+  return SimplexWeightedSumUp(p_hi.row(i).transpose(), d.row(j).transpose(), len, 1.0, d_orders[j]);
 }
 
 // Logit enclosures [lo, hi] of head G when token j moves by at most rho_j (rho = 0: the
@@ -374,6 +375,8 @@ FactorBounds HeadFactorBounds(const HeadGeometry& G, const Eigen::VectorXd& rho,
       if (!G.dot) dg(j, k) = AddUp(G.dg(j, k), MulUp(G.c_g, AddUp(rho(j), rho(k))));
     }
   for (int j = 0; j < n; ++j) du(j, j) = db(j, j) = dg(j, j) = 0;  // a token's distance to itself
+  // Row j of du (db) serves every query row i: sorted once.
+  const std::vector<std::vector<int>> du_orders = DescendingRowOrders(du), db_orders = DescendingRowOrders(db);
   // The anchored spreads need the centre's weights for the same mask (HeadGeometryAt's).
   const bool anchored = G.causal == causal && G.anchor_w.rows() == n;
   const Eigen::MatrixXd a_anchored =
@@ -389,11 +392,11 @@ FactorBounds HeadFactorBounds(const HeadGeometry& G, const Eigen::VectorXd& rho,
         F.a_sup(i, j) = F.g_sup(i, j) = F.b_sup(i, j) = F.pa(i, j) = 0;
         continue;
       }
-      F.a_sup(i, j) = std::min(MeanDistanceUp(F.p_hi, du, i, j, len), a_anchored(i, j));
+      F.a_sup(i, j) = std::min(MeanDistanceUp(F.p_hi, du, i, j, len, du_orders), a_anchored(i, j));
       // P_ij ||a_ij|| = P_ij ||sum_{k != j} P_ik (u_j - u_k)|| <= P_ij (1 - P_ij) max_{k != j} d_jk.
       const double pq = MaxOfPTimesOneMinusP(F.p_lo(i, j), F.p_hi(i, j));
       F.pa(i, j) = std::min(MulUp(F.p_hi(i, j), F.a_sup(i, j)), MulUp(pq, du.row(j).head(len).maxCoeff()));
-      const double bmean = std::min(MeanDistanceUp(F.p_hi, db, i, j, len), b_anchored(i, j));
+      const double bmean = std::min(MeanDistanceUp(F.p_hi, db, i, j, len, db_orders), b_anchored(i, j));
       if (G.dot) {
         F.g_sup(i, j) = AddUp(G.g_norm(i), MulUp(G.c_g, rho(i)));
         F.b_sup(i, j) = bmean;

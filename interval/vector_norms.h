@@ -7,6 +7,8 @@
 // computations (AddUp / MulUp chains), and the suffix carries the direction.
 #pragma once
 
+#include <vector>
+
 #include <Eigen/Dense>
 
 #include "interval/interval_matrix.h"
@@ -58,5 +60,12 @@ double ScaledNonnegNormUp(Eigen::MatrixXd b, const Eigen::VectorXd& s, VectorNor
 // 2: on sum_k |P_k - P0_k| c_k for two such rows. Never above total max_k c_k nor
 // sum_k cap_k c_k (up to rounding).
 double SimplexWeightedSumUp(const Eigen::VectorXd& cap, const Eigen::VectorXd& c, int len, double total = 1.0);
+// The same with c's indices given in descending order of c (`order` lists every index of c;
+// those >= len are skipped), for many rows that share one c: one sort (DescendingOrder) in
+// place of one per row. Any order of equal c_k gives a bound.
+double SimplexWeightedSumUp(const Eigen::VectorXd& cap, const Eigen::VectorXd& c, int len, double total,
+                            const std::vector<int>& order);
+// The indices of each row of m in descending order of its entries.
+std::vector<std::vector<int>> DescendingRowOrders(const Eigen::MatrixXd& m);
 
 }  // namespace lipcert

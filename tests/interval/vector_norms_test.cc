@@ -1,6 +1,7 @@
 // The vector-norm helpers against MPFR (256 bits): NormUpOfMagnitudes (one floating sum
-// with a gamma_d bound), PairDistanceUp (one vectorised pass with an inflation) and
-// SimplexWeightedSumUp (the fractional knapsack, with its no-sort route when the caps fit).
+// with a gamma_d bound), PairDistanceUp and RowDistanceL2Up (one vectorised pass with an
+// inflation) and SimplexWeightedSumUp (the fractional knapsack, with its no-sort route when
+// the caps fit, and with an order sorted once for rows that share c).
 // Upper bounds are never below the exact value and are tight.
 #include "interval/vector_norms.h"
 
@@ -97,6 +98,46 @@ TEST(VectorNormsTest, PairDistancesBoundTheMpfrDistances) {
   EXPECT_GT(pairs, 6 * n);
 }
 
+TEST(VectorNormsTest, RowDistancesBoundTheMpfrDistances) {
+  AdversarialDoubles g(74);
+  const long n = Count(150);
+  long pairs = 0;
+  for (long t = 0; t < n; ++t) {
+    const Eigen::Index rows_a = 1 + g.Bits() % 5, rows_b = 1 + g.Bits() % 4, cols = 1 + g.Bits() % 40;
+    Eigen::MatrixXd am(rows_a, cols), ar(rows_a, cols), bm(rows_b, cols), br(rows_b, cols);
+    for (Eigen::Index c = 0; c < cols; ++c) {
+      for (Eigen::Index i = 0; i < rows_a; ++i) {
+        am(i, c) = g.Next();
+        if (!(std::fabs(am(i, c)) < 1e150)) am(i, c) = g.Uniform(-1, 1);
+        ar(i, c) = g.Bits() % 3 ? 0.0 : std::fabs(g.Uniform(0, 1e-3) * am(i, c));
+      }
+      for (Eigen::Index i = 0; i < rows_b; ++i) {
+        // Values related to a's give cancellation in the differences.
+        bm(i, c) = g.Bits() % 2 ? -g.Related(-am(i % rows_a, c)) : g.Next();
+        if (!(std::fabs(bm(i, c)) < 1e150)) bm(i, c) = g.Uniform(-1, 1);
+        br(i, c) = g.Bits() % 3 ? 0.0 : std::fabs(g.Uniform(0, 1e-3) * bm(i, c));
+      }
+    }
+    const Eigen::MatrixXd up = RowDistanceL2Up(IntervalMatrix(am, ar), IntervalMatrix(bm, br));
+    ASSERT_EQ(up.rows(), rows_b);
+    ASSERT_EQ(up.cols(), rows_a);
+    for (Eigen::Index i = 0; i < rows_b; ++i)
+      for (Eigen::Index j = 0; j < rows_a; ++j) {
+        mpreal::set_default_prec(256);
+        mpreal s = 0;
+        for (Eigen::Index c = 0; c < cols; ++c) {
+          const mpreal e = mpfr::abs(mpreal(am(j, c)) - mpreal(bm(i, c))) + mpreal(ar(j, c)) + mpreal(br(i, c));
+          s += e * e;
+        }
+        const mpreal exact = mpfr::sqrt(s);
+        ASSERT_GE(mpreal(up(i, j)), exact) << "t=" << t;
+        ASSERT_LE(mpreal(up(i, j)), exact * (1 + 1e-13) + mpreal(1e-150)) << "t=" << t;
+        ++pairs;
+      }
+  }
+  EXPECT_GE(pairs, n);
+}
+
 // The exact knapsack optimum max sum x_k c_k, 0 <= x <= cap, sum x <= total, in MPFR.
 mpreal ExactKnapsack(const Eigen::VectorXd& cap, const Eigen::VectorXd& c, int len, double total) {
   mpreal::set_default_prec(256);
@@ -137,6 +178,18 @@ TEST(VectorNormsTest, SimplexWeightedSumBoundsTheKnapsackOnEveryRoute) {
     const double up = SimplexWeightedSumUp(cap, c, len, total);
     ASSERT_GE(mpreal(up), exact) << "t=" << t;
     ASSERT_LE(mpreal(up), exact * (1 + 1e-12) + mpreal(2e-9 * total * c.maxCoeff())) << "t=" << t;
+    // With one order of a longer row sorted beforehand (entries past len are skipped; ties
+    // from repeated values), the same bound.
+    Eigen::VectorXd longer(len + 7);
+    longer.head(len) = c;
+    for (int k = len; k < len + 7; ++k) longer(k) = k % 2 ? c(k % len) : u(rng) * 1e3;
+    Eigen::VectorXd longer_cap = Eigen::VectorXd::Constant(len + 7, 1.0);
+    longer_cap.head(len) = cap;
+    const std::vector<int> order = DescendingRowOrders(longer.transpose())[0];
+    ASSERT_EQ(int(order.size()), len + 7);
+    const double sorted_once = SimplexWeightedSumUp(longer_cap, longer, len, total, order);
+    ASSERT_GE(mpreal(sorted_once), exact) << "t=" << t;
+    ASSERT_LE(mpreal(sorted_once), exact * (1 + 1e-12) + mpreal(2e-9 * total * c.maxCoeff())) << "t=" << t;
   }
   EXPECT_GT(fits, 0);
   EXPECT_GT(by_rounding, 0);
