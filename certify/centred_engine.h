@@ -52,6 +52,7 @@ struct CentredVariation {
   MhaInput in;                            // the cover of the MHA input (LayerNorm factors)
   std::vector<HeadGeometry> geo;          // per head, at the centre
   std::vector<FactorBounds> centre;       // per head, factor bounds at the centre point
+  int second_order_nodes = 0;             // nodes of the second order's integral (s = 1 included)
   bool complete = false;
 };
 // The second order's optional refinements (T(1)'s columns, the nodes of the integral) end
