@@ -351,7 +351,7 @@ EngineBound CentreNormBound(const AttentionLayer& L, const TokenCover& cover, co
   // super-blocks, or its one dense certificate) with a margin of 1.6 (the assembly took 53 to
   // 72 s of its predicted 58 s at BERT-base size on the 2-core EPYC): without it, at
   // BERT-base size they took 48.6 s of a 105 s window and the centre norm's 53 s assembly
-  // ran out of time (docs/engines.md, "Engine cost, deadlines and breakdown").
+  // ran out of time (docs/engines.md, "The variation's time, and the centre norm's reserve").
   const auto t_variation = std::chrono::steady_clock::now();
   auto refine_until = std::chrono::steady_clock::time_point::max();
   if (opts.deadline != std::chrono::steady_clock::time_point::max()) {

@@ -65,7 +65,7 @@ Eigen::MatrixXd PairDistanceL2Down(const IntervalMatrix& a) {
 // As PairDistanceUp: the magnitudes |a_j - b_i| + r_j + r_i in one vectorised pass (three
 // roundings, times 1 + 2^-50, plus the smallest subnormal), then NormUpOfMagnitudes. It was
 // a directed-rounding loop over n m d entries, a fifth of the variation's time at N = 128,
-// D = 768 (docs/engines.md, "Engine cost, deadlines and breakdown").
+// D = 768 (docs/engines.md, "The variation's time, and the centre norm's reserve").
 Eigen::MatrixXd RowDistanceL2Up(const IntervalMatrix& a, const IntervalMatrix& b) {
   const ScopedSoundFpEnvironment fp_guard;  // round to nearest, gradual underflow
   const Eigen::Index n = b.rows(), m = a.rows();
