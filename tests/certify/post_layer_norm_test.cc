@@ -321,7 +321,9 @@ TEST(PostLayerNorm, DeflatedCentreDominatesMpfrAndIsExactWithAFullBasis) {
       ASSERT_EQ(e.terms.size(), 2u);
       EXPECT_NE(e.terms[0].name.find("deflated by " + std::to_string(k) + " "), std::string::npos) << e.terms[0].name;
       EXPECT_GE(e.upper.value(), sigma) << "case " << c << " k " << k;
-      if (k == nd) EXPECT_LE(e.upper.value(), sigma * (1 + 1e-6)) << "case " << c;
+      if (k == nd) {
+        EXPECT_LE(e.upper.value(), sigma * (1 + 1e-6)) << "case " << c;
+      }
     }
     CertifyOptions o;
     o.time_limit_s = 2;
