@@ -3,6 +3,7 @@
 //
 //   build/bench/centre_norm_bench MODEL LAYER CENTRE [--preset P] [--pre-ln] [--dense-limit N]
 //                                 [--block-tokens G] [--block-limit M] [--threads T] [--deflate K] [--no-gemm]
+//                                 [--no-factored] [--factored-only]
 //                                 [--seconds S]
 //
 // MODEL and CENTRE as for `lipcert certify` (--model, --center); LayerNorm is dropped unless
@@ -25,7 +26,7 @@ int main(int argc, char** argv) {
   using namespace lipcert;
   if (argc < 4) {
     std::fprintf(stderr, "usage: %s MODEL LAYER CENTRE [--preset P] [--pre-ln] [--dense-limit N] "
-                         "[--block-tokens G] [--block-limit M] [--threads T] [--deflate K] [--no-gemm] [--seconds S]\n", argv[0]);
+                         "[--block-tokens G] [--block-limit M] [--threads T] [--deflate K] [--no-gemm] [--no-factored] [--factored-only] [--seconds S]\n", argv[0]);
     return 2;
   }
   try {
@@ -47,6 +48,8 @@ int main(int argc, char** argv) {
       else if (a == "--block-limit") o.block_limit = std::atol(next().c_str());
       else if (a == "--threads") o.threads = std::atoi(next().c_str());
       else if (a == "--no-gemm") o.gemm_assembly = false;
+      else if (a == "--no-factored") o.factored_heads = false;
+      else if (a == "--factored-only") o.super_blocks = false;
       else if (a == "--deflate") o.deflation_vectors = std::atoi(next().c_str());
       else if (a == "--seconds")  // a deadline, as lipcert certify gives the engine
         o.deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(long(1000 * std::atof(next().c_str())));
@@ -72,6 +75,10 @@ int main(int argc, char** argv) {
                 rep.group_tokens, int(rep.frobenius_blocks), rep.seconds,
                 CentreNormSecondsEstimate(L, int(x0.rows()), o), rep.assembly_seconds, rep.gram.gram_seconds,
                 rep.gram.lanczos_seconds, rep.gram.cholesky_seconds, rep.gram.cholesky_attempts);
+    if (std::isfinite(rep.factored))
+      std::printf("factored heads: %.6g = values %.6g + keys %.6g + queries %.6g in %.2f s (model %.2f s)%s\n", rep.factored,
+                  rep.factored_value, rep.factored_keys, rep.factored_queries, rep.factored_seconds,
+                  FactoredHeadsSecondsEstimate(L, int(x0.rows())), rep.factored_won ? ", the bound returned" : "");
     if (rep.deflation_vectors > 0)
       std::printf("deflation: k=%d basis=%.2f s ||Y+D||<=%.6g ||E||<=%.6g coupling<=%.6g exact_blocks=%d\n",
                   rep.deflation_vectors, rep.deflation_basis_seconds, rep.deflated_top, rep.deflated_rest,

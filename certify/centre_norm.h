@@ -65,6 +65,13 @@ struct CentreNormOptions {
   // then the pre-LN sublayer's LayerNorm factor per column token (the same enclosure up to
   // rounding); false: one update per head.
   bool gemm_assembly = true;
+  // Above dense_limit, dot-product MHA alone (attention alone, or mha_only): also bound
+  // ||J(X0)|| through the heads' factors (V + K + Q, seconds at any size; docs/engines.md,
+  // "Centre norm: the heads factored") and take the smaller bound.
+  bool factored_heads = true;
+  // Above dense_limit: run the super-blocks (plain or deflated). false: where the factored
+  // heads apply, they alone (the engine's choice when the super-blocks would not fit).
+  bool super_blocks = true;
   // Checked between blocks, Gram tiles and Cholesky attempts: once it has passed the
   // result is +inf (report->timed_out), never a partial number. One Cholesky of the
   // largest dense block is not interrupted: callers size dense_limit to their time.
@@ -98,6 +105,11 @@ struct CentreNormReport {
   double deflated_rest = 0;     // >= ||E|| (super-blocks of the deflated J)
   double deflation_coupling = 0;  // >= ||(Y + D)^T E||
   double deflation_orthogonality = 0;  // >= ||V^T V - I||
+  // The heads factored (above dense_limit, where they apply; +inf otherwise): the bound and
+  // its three parts (values, keys, queries), and whether it is the one returned.
+  double factored = kInf, factored_value = kInf, factored_keys = kInf, factored_queries = kInf;
+  double factored_seconds = 0;
+  bool factored_won = false;
   bool timed_out = false; // the deadline passed: the bound is +inf
   // The deflated pass's probe (its second block, at the machine's present speed) projected
   // the pass past the deadline, and so did its retries with fewer vectors: the plain
@@ -204,6 +216,10 @@ double CentreInfNormSecondsEstimate(const AttentionLayer& layer, int tokens);
 
 // The model above, in seconds, for a layer of N tokens under these options.
 double CentreNormSecondsEstimate(const AttentionLayer& layer, int tokens, const CentreNormOptions& opts = {});
+// The factored heads' predicted seconds (2 cores, idle).
+double FactoredHeadsSecondsEstimate(const AttentionLayer& layer, int tokens);
+// Whether the factored heads bound the operator these options describe.
+bool FactoredHeadsApply(const AttentionLayer& layer, const CentreNormOptions& o);
 // The least time that gives a bound: the dense model, or for super-blocks the assembly
 // alone (each block's dense certificate is taken only when it fits the deadline).
 double CentreNormMinimumSecondsEstimate(const AttentionLayer& layer, int tokens, const CentreNormOptions& opts = {});

@@ -352,11 +352,23 @@ EngineBound CentreNormBound(const AttentionLayer& L, const TokenCover& cover, co
   // 72 s of its predicted 58 s at BERT-base size on the 2-core EPYC): without it, at
   // BERT-base size they took 48.6 s of a 105 s window and the centre norm's 53 s assembly
   // ran out of time (docs/engines.md, "The variation's time, and the centre norm's reserve").
+  // Where the super-blocks' least time takes more than half of the window and the heads
+  // factored apply (dot-product MHA alone), the centre norm is the factored heads alone,
+  // and the variation gets the time the super-blocks would have taken (BERT-base size:
+  // 9.30 in 19 s against 61.5 from the super-blocks in 84 s; docs/engines.md, "Centre norm:
+  // the heads factored").
   const auto t_variation = std::chrono::steady_clock::now();
+  const int tokens = int(cover.center.rows());
+  CentreNormOptions co = CentreNormOptionsOf(opts, centre_dense_limit);
   auto refine_until = std::chrono::steady_clock::time_point::max();
   if (opts.deadline != std::chrono::steady_clock::time_point::max()) {
-    const double reserve_s = 1.6 * CentreNormEngineSecondsEstimate(L, int(cover.center.rows()), centre_dense_limit,
-                                                                  opts.norm, /*minimum=*/true);
+    double reserve_s = 1.6 * CentreNormEngineSecondsEstimate(L, tokens, centre_dense_limit, opts.norm, /*minimum=*/true);
+    const double window = std::chrono::duration<double>(opts.deadline - t_variation).count();
+    if (opts.norm == NormKind::kL2 && long(tokens) * L.d_model > centre_dense_limit && FactoredHeadsApply(L, co) &&
+        reserve_s > 0.5 * window) {
+      co.super_blocks = false;
+      reserve_s = 1.6 * FactoredHeadsSecondsEstimate(L, tokens);
+    }
     refine_until = opts.deadline - std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                                        std::chrono::duration<double>(reserve_s));
   }
@@ -373,7 +385,6 @@ EngineBound CentreNormBound(const AttentionLayer& L, const TokenCover& cover, co
                    std::to_string(give_up_above) + ": centre norm not computed";
     return skipped;
   }
-  const CentreNormOptions co = CentreNormOptionsOf(opts, centre_dense_limit);
   const bool inf = opts.norm == NormKind::kLinf;
   // ||J(X0)||_p: norm 2 by the Gram/Cholesky certificate (or super-blocks), norm inf by the
   // enclosure's row sums (exact to the enclosure's width at any size).
@@ -433,7 +444,11 @@ EngineBound CentreNormBound(const AttentionLayer& L, const TokenCover& cover, co
   EngineBound out;
   out.upper = centre_norm + v.variation + ln_variation + anchor;
   out.centre_inf_row = inf ? inf_report.row : -1;
+  char factored_how[160];
+  std::snprintf(factored_how, sizeof factored_how, "heads factored: values %.4g + keys %.4g + queries %.4g",
+                report.factored_value, report.factored_keys, report.factored_queries);
   const std::string how = inf                       ? "row sums of the enclosure"
+                          : report.factored_won      ? std::string(factored_how)
                           : report.method == "dense" ? "dense Gram/Cholesky certificate"
                                                      : std::to_string(report.groups) + " x " +
                                                            std::to_string(report.groups) + " token super-blocks, " +

@@ -9,6 +9,7 @@
 #include "certify/branch_and_bound.h"
 #include "certify/closed_form.h"
 #include "certify/block_norm_engine.h"
+#include "certify/centre_norm.h"
 #include "certify/centred_engine.h"
 #include "certify/post_layer_norm.h"
 #include "certify/probable_norm.h"
@@ -183,7 +184,10 @@ int RunCentreNorm(const AttentionLayer& L, const TokenCover& cover, const Certif
   const double window = std::chrono::duration<double>(bo.deadline - Clock::now()).count();
   long dense_limit = nd <= o.engines.dense_limit ? nd : 0;  // 0: token super-blocks (norm 2)
   if (CentreNormEngineSecondsEstimate(L, n, dense_limit, o.norm) > 0.5 * window) dense_limit = 0;
-  if (CentreNormEngineSecondsEstimate(L, n, dense_limit, o.norm, /*minimum=*/true) > window) {
+  double least_s = CentreNormEngineSecondsEstimate(L, n, dense_limit, o.norm, /*minimum=*/true);
+  if (o.norm == NormKind::kL2 && nd > dense_limit && FactoredHeadsApply(L, CentreNormOptions{}))
+    least_s = std::min(least_s, FactoredHeadsSecondsEstimate(L, n));  // the heads factored alone
+  if (least_s > window) {
     Refused(c, "centre_norm", "predicted time above the engines' share of the time limit");
     return -1;
   }

@@ -227,6 +227,59 @@ TEST(CentreNormTest, DenseBoundIsExactAndSuperBlocksDominateIt) {
   RecordProperty("worst_relative_excess", std::to_string(worst));
 }
 
+// The heads factored (dot-product MHA alone: attention without LayerNorm, or mha_only):
+// above sigma_1 of the MPFR Jacobian on random layers (masks, biases, D <= 6, up to 3
+// heads, N = 1 to 6, centres of scale 1 and 3 for diffuse and sharp rows), and exact where
+// only the values act (N = 1: J = sum_h W_h). It is its three parts. sum (rounded up), and
+// the super-blocks' route returns the smaller of the two.
+TEST(CentreNormTest, FactoredHeadsDominateTheMpfrNorm) {
+  mpfr::mpreal::set_default_prec(128);
+  std::mt19937_64 rng(1409);
+  const int cases = int(80 * TestScale());
+  int checked = 0, single = 0;
+  double closest = kInf;
+  for (int t = 0; t < cases; ++t) {
+    RandomLayerOptions lo;
+    lo.max_width = 6;
+    lo.max_heads = 3;
+    AttentionLayer L = RandomLayer(rng, lo);
+    if (L.kind != AttentionKind::kDot) continue;
+    CentreNormOptions o;
+    o.dense_limit = 0;
+    o.super_blocks = false;
+    o.mha_only = L.layer_norm.has_value() && rng() % 2 == 0;
+    if (!o.mha_only) L.layer_norm.reset();
+    const int n = 1 + int(rng() % 6);
+    const Eigen::MatrixXd x0 = RandomCentre(rng, n, L.d_model, t % 2 ? 3.0 : 1.0);
+    const double sigma = Sigma1(ToDouble(ReferenceJacobian(L, x0, o)));
+    CentreNormReport rep;
+    const double bound = CentreJacobianNormUpperBound(L, x0, o, &rep).value();
+    EXPECT_EQ(rep.method, "factored_heads") << "case " << t;
+    EXPECT_TRUE(rep.factored_won) << "case " << t;
+    EXPECT_EQ(bound, rep.factored) << "case " << t;
+    EXPECT_GE(bound, sigma * (1 - 1e-14)) << "case " << t;
+    EXPECT_GE(rep.factored, rep.factored_value + rep.factored_keys + rep.factored_queries) << "case " << t;
+    if (n == 1) {  // the values alone: ||sum_h W_h||
+      EXPECT_LE(bound, sigma * (1 + 1e-9) + 1e-12) << "case " << t;
+      ++single;
+    }
+    closest = std::min(closest, bound / sigma);
+    // With the super-blocks as well, the smaller of the two.
+    CentreNormOptions both = o;
+    both.super_blocks = true;
+    both.block_tokens = 1;
+    CentreNormReport rb;
+    const double b2 = CentreJacobianNormUpperBound(L, x0, both, &rb).value();
+    EXPECT_EQ(b2, std::min(rb.factored, b2)) << "case " << t;
+    EXPECT_GE(b2, sigma * (1 - 1e-14)) << "case " << t;
+    ++checked;
+  }
+  EXPECT_GE(checked, cases / 4);
+  EXPECT_GE(single, 1);
+  EXPECT_LE(closest, 1 + 1e-9);
+  RecordProperty("checked", std::to_string(checked));
+}
+
 // A deflation case: a random layer without LayerNorm (dot or L2, masks, biases; D <= 5, up
 // to 3 heads), a centre of 2 to 5 tokens, and J(x0) formed in MPFR (rounded to double).
 struct DeflationCase {
