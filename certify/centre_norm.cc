@@ -119,6 +119,8 @@ struct HeadCentre {
   IntervalMatrix g;      // (N, D) dot: Wk^T q_i / sqrt(dk); l2: 2 Wq^T q_i / sqrt(dk)
   IntervalMatrix bt;     // (N, D) rows of the diagonal term (shifted by a constant row)
   IntervalMatrix w;      // (D, D) W_h = Wo_h M_h
+  IntervalMatrix v;      // (N, dv) the values v_j (dot: Wv_h z_j + bias), for the factored heads
+  IntervalMatrix vbar;   // (N, dv) P v
 };
 
 using RowMajorXd = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
@@ -210,6 +212,10 @@ CentreState EncloseCentre(const AttentionLayer& L, const Eigen::MatrixXd& x0, co
     IntervalMatrix v = Mul(z, mv.transpose());
     if (L.bv.size()) v = v + bias_rows(L.bv, h * dv, dv);
     H.u = Mul(v, Eigen::MatrixXd(wo.transpose()));
+    if (S.dot) {
+      H.v = v;
+      H.vbar = Mul(H.p, v);
+    }
     H.ubar = Mul(H.p, H.u);
     H.w = Mul(wo, mv);
   });
@@ -1344,16 +1350,35 @@ FactoredParts FactoredHeadsBound(const CentreState& S, const AttentionLayer& L, 
     spread_heads = spread_heads + MulNonneg(UpperBound(dev_norm[h]), UpperBound(w_norm[h]));
     whole_heads = whole_heads + MulNonneg(UpperBound(p_norm[h]), UpperBound(w_norm[h]));
   }
-  const UpperBound spread = Min(MulNonneg(wo_wv, UpperBound(*std::max_element(dev_norm.begin(), dev_norm.end()))), spread_heads);
+  // ||(I (x) Wo) blockdiag_h(D_h (x) I) (I (x) Wv)|| <= ||[s_h Wo_h]_h|| ||[(||D_h|| / s_h) Wv_h]_h||
+  // for any s_h > 0 (one factor's columns, the other's rows scaled): s_h = 1 and
+  // s_h = sqrt(||D_h||) besides the common max_h ||D_h||.
+  const auto scaled_pair = [&](const std::vector<double>& dn) {
+    const int dv = L.head_dim_v;
+    std::vector<Interval> col_scale(size_t(hs) * dv), row_scale(size_t(hs) * dv), ones(size_t(hs) * dv, Interval(1.0));
+    for (int h = 0; h < hs; ++h)
+      for (int c = 0; c < dv; ++c) {
+        col_scale[size_t(h) * dv + c] = Sqrt(Interval(dn[h]));
+        row_scale[size_t(h) * dv + c] = Interval(dn[h]);
+      }
+    const IntervalMatrix wo_t = IntervalMatrix::Point(Eigen::MatrixXd(L.wo.transpose())), wv = IntervalMatrix::Point(L.wv);
+    const UpperBound rows_only = MulNonneg(NormL2UpperGram(L.wo, threads), NormL2UpperGram(ScaleRows(wv, row_scale), threads));
+    const UpperBound split = MulNonneg(NormL2UpperGram(ScaleRows(wo_t, col_scale), threads),
+                                       NormL2UpperGram(ScaleRows(wv, col_scale), threads));
+    return Min(rows_only, split);
+  };
+  const UpperBound spread = Min(Min(MulNonneg(wo_wv, UpperBound(*std::max_element(dev_norm.begin(), dev_norm.end()))), spread_heads),
+                                scaled_pair(dev_norm));
   const UpperBound mean = MulNonneg(NormL2UpperGram(p_bar, threads), NormL2UpperGram(w_sum, threads));
   out.value = Min(Min(mean + spread, MulNonneg(wo_wv, UpperBound(*std::max_element(p_norm.begin(), p_norm.end())))),
-                  whole_heads);
+                  Min(whole_heads, scaled_pair(p_norm)));
   // Per query token i: alpha_i >= ||A_i|| and ||E_i||.
   IntervalMatrix bt_stack(Eigen::MatrixXd::Zero(long(hs) * n, d), Eigen::MatrixXd::Zero(long(hs) * n, d));
   for (int h = 0; h < hs; ++h) {
     bt_stack.mid.middleRows(long(h) * n, n) = S.head[h].bt.mid;
     bt_stack.rad.middleRows(long(h) * n, n) = S.head[h].bt.rad;
   }
+  const double mb_f = NormFrobeniusUpper(bt_stack.mid).value(), rb_f = NormFrobeniusUpper(bt_stack.rad).value();
   std::vector<double> alpha(n, kInf), e_norm(n, kInf);
   ParallelFor(n, WorkerCount(threads, n), [&](int i, int) {
     if (Past(deadline)) return;
@@ -1366,7 +1391,13 @@ FactoredParts FactoredHeadsBound(const CentreState& S, const AttentionLayer& L, 
       a_stack.rad.middleRows(long(h) * n, n) = a.rad;
     }
     alpha[i] = NormL2UpperGram(a_stack, 1).value();
-    e_norm[i] = NormL2UpperGram(Mul(a_stack.transpose(), bt_stack), 1).value();
+    // E_i = a^T bt about fl(Ma^T Mb): one GEMM, its rounding (SumErrorF, |Ma|^T |Mb| <=
+    // ||Ma||_F ||Mb||_F) and the radii norm-wise (|Ma|^T Rb + Ra^T |Mb| + Ra^T Rb).
+    const double ma_f = NormFrobeniusUpper(a_stack.mid).value(), ra_f = NormFrobeniusUpper(a_stack.rad).value();
+    const Eigen::MatrixXd e_mid = a_stack.mid.transpose() * bt_stack.mid;
+    double e = NormL2UpperGram(e_mid, 1).value();
+    e = AddUp(e, SumErrorF(double(hs) * n, MulUp(ma_f, mb_f), d, d));
+    e_norm[i] = AddUp(e, AddUp(MulUp(ma_f, rb_f), MulUp(ra_f, AddUp(mb_f, rb_f))));
   });
   if (Past(deadline)) return out;
   out.queries = UpperBound(*std::max_element(e_norm.begin(), e_norm.end()));
@@ -1379,6 +1410,18 @@ FactoredParts FactoredHeadsBound(const CentreState& S, const AttentionLayer& L, 
     for (int i = 0; i < n; ++i) scale[size_t(h) * n + i] = Interval(alpha[i]);
   }
   out.keys = NormL2UpperGram(ScaleRows(g_stack, scale), threads);
+  // Or with Wo taken out: K = (I (x) Wo) [K_h]_h, K_h's blocks P_ij (v_j - vbar_i) g_i^T, so
+  // ||K|| <= ||Wo|| ||Phi'||, Phi' the rows alpha^h_i g^h_i, alpha^h_i >= ||[P_ij (v_j - vbar_i)]_j||.
+  std::vector<Interval> head_scale(size_t(hs) * n);
+  ParallelFor(hs, WorkerCount(threads, hs), [&](int h, int) {
+    const HeadCentre& H = S.head[h];
+    for (int i = 0; i < n; ++i) {
+      const IntervalMatrix a = ScaledDifferenceRows(H.v, 0, n, H.vbar, i, H.p.mid.row(i).transpose().array(),
+                                                    H.p.rad.row(i).transpose().array());
+      head_scale[size_t(h) * n + i] = Interval(NormL2UpperGram(a, 1).value());
+    }
+  });
+  out.keys = Min(out.keys, MulNonneg(NormL2UpperGram(L.wo, threads), NormL2UpperGram(ScaleRows(g_stack, head_scale), threads)));
   return out;
 }
 
@@ -1632,7 +1675,7 @@ namespace {
 // Seconds per (token pair x head x D^2) of the fused assembly (bench/centre_norm_bench).
 constexpr double kFusedAssemblySeconds = 5e-10;
 // Seconds per flop of the factored heads' per-token products (measured: FactoredHeadsBound).
-constexpr double kFactoredSecondsPerFlop = 1.0 / 5e10;
+constexpr double kFactoredSecondsPerFlop = 1.0 / 4e10;
 }  // namespace
 
 double CentreNormSecondsEstimate(const AttentionLayer& L, int tokens, const CentreNormOptions& o) {
@@ -1655,9 +1698,9 @@ bool FactoredHeadsApply(const AttentionLayer& L, const CentreNormOptions& o) {
 
 double FactoredHeadsSecondsEstimate(const AttentionLayer& L, int tokens) {
   const double n = tokens, d = L.d_model, h = L.heads;
-  // Per query token: ||A_i|| (a D x D Gram of H N rows) and E_i (an interval product, about
-  // four GEMMs of H N x D x D), both in double; then the enclosure of the heads.
-  return kFactoredSecondsPerFlop * n * (10 * h * n * d * d) + kFusedAssemblySeconds * h * n * n * d;
+  // Per query token: ||A_i|| (a D x D Gram of H N rows) and E_i (one GEMM of H N x D x D),
+  // both in double (measured 9.0 s at BERT-base size, 2 cores); then the heads' enclosure.
+  return kFactoredSecondsPerFlop * n * (4 * h * n * d * d) + kFusedAssemblySeconds * h * n * n * d;
 }
 
 double CentreNormMinimumSecondsEstimate(const AttentionLayer& L, int tokens, const CentreNormOptions& o) {
