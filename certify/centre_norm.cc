@@ -1519,11 +1519,16 @@ UpperBound CentreJacobianNormUpperBound(const AttentionLayer& L, const Eigen::Ma
   const int n = S.n, d = S.d;
   // Above the dense size, the heads factored first (seconds): a bound in hand whatever the
   // super-blocks get, and the centre norm alone where the caller leaves them out.
-  // (With super-blocks that are predicted to finish, only where no deadline is given: at
-  // MiniLM's sharp heads the factored bound loses, 59 against 3.5-8 at N = 64.)
+  // With a deadline and the super-blocks too, only where they are predicted to certify
+  // fewer than a quarter of their blocks densely: at MiniLM's sharp heads the factored
+  // bound loses (31.5 against 12.4 at N = 128), and its 3 s there cost the super-blocks
+  // about 10 dense blocks.
+  const auto dense_share = [&] {
+    const double least = CentreNormMinimumSecondsEstimate(L, n, o), all = CentreNormSecondsEstimate(L, n, o);
+    return all > least ? (SecondsLeft(o.deadline) - least) / (all - least) : 1.0;
+  };
   const bool factor = long(n) * d > o.dense_limit && FactoredHeadsApply(L, o) && !Past(o.deadline) &&
-                      (!o.super_blocks || o.deadline == Deadline::max() ||
-                       CentreNormSecondsEstimate(L, n, o) > SecondsLeft(o.deadline));
+                      (!o.super_blocks || o.deadline == Deadline::max() || dense_share() < 0.25);
   FactoredParts factored;
   double factored_s = 0;
   if (factor) {

@@ -49,14 +49,16 @@ double SecondOrderSupUp(const std::vector<HeadGeometry>& geo, const MhaInput& in
 //   sup ||J_M(z) - J_M(zc)|| <= joint_z sum_k (s_k - s_{k-1}) T(s_k),
 // T(s) = SecondOrderSupUp at s. T(1) comes from the caller; the nodes 1/2, 1/4, 3/4, then the
 // odd eighths are added while they fit in a tenth of the time left and before refine_until
-// (the rest is the centre norm's); any set of nodes gives a bound, and T(1) bounds every T(s).
+// (the rest is the centre norm's; with up_to_refine_until, while they fit before it); any
+// set of nodes gives a bound, and T(1) bounds every T(s).
 double SecondOrderVariationUp(const std::vector<HeadGeometry>& geo, const MhaInput& in, bool causal, double t_one,
                               const BoundOptions& opts, std::chrono::steady_clock::time_point refine_until,
-                              int* node_count) {
+                              bool up_to_refine_until, int* node_count) {
   std::vector<std::pair<double, double>> nodes = {{1.0, t_one}};  // (s, T(s))
   const bool timed = opts.deadline != std::chrono::steady_clock::time_point::max();
   const auto start = std::chrono::steady_clock::now();
-  const auto budget_end = timed ? std::min(start + (opts.deadline - start) / 10, refine_until) : refine_until;
+  const auto budget_end =
+      timed && !up_to_refine_until ? std::min(start + (opts.deadline - start) / 10, refine_until) : refine_until;
   auto last = std::chrono::steady_clock::duration::zero();
   for (const double s : {0.5, 0.25, 0.75, 0.125, 0.375, 0.625, 0.875}) {
     const auto t0 = std::chrono::steady_clock::now();
@@ -104,7 +106,7 @@ double CentredEngineSecondsEstimate(const AttentionLayer& layer, int tokens, dou
 }
 
 CentredVariation CentredVariationBound(const AttentionLayer& L, const TokenCover& cover, const BoundOptions& opts,
-                                       std::chrono::steady_clock::time_point refine_until) {
+                                       std::chrono::steady_clock::time_point refine_until, bool up_to_refine_until) {
   const int n = int(cover.center.rows());
   CentredVariation v;
   // Every factor and block bound is in the engine's norm p (its dual q where the factor is
@@ -236,15 +238,15 @@ CentredVariation CentredVariationBound(const AttentionLayer& L, const TokenCover
   const double joint = ScaledNonnegNormUp(all, in.ell, PrimalNorm(p));
   // T(1) refines its columns for at most a fifth of the time left (the nodes: their tenth),
   // and not past refine_until.
-  const auto t_one_until = opts.deadline == std::chrono::steady_clock::time_point::max()
-                               ? refine_until
-                               : std::min(std::chrono::steady_clock::now() + (opts.deadline - std::chrono::steady_clock::now()) / 5,
-                                          refine_until);
+  const auto now = std::chrono::steady_clock::now();
+  const auto t_one_until = opts.deadline == std::chrono::steady_clock::time_point::max() ? refine_until
+                           : up_to_refine_until ? (refine_until > now ? now + (refine_until - now) / 2 : now)
+                                                : std::min(now + (opts.deadline - now) / 5, refine_until);
   const double second =
       second_order
           ? MulUp(ell_max, SecondOrderVariationUp(
                                geo, in, L.causal, SecondOrderSupUp(geo, in, L.causal, 1.0, opts.threads, t_one_until, &over_cover),
-                               opts, refine_until, &v.second_order_nodes))
+                               opts, refine_until, up_to_refine_until, &v.second_order_nodes))
           : kInf;
   const double variation = std::min({split, joint, schur, second});
   v.route = variation == second ? "variation sup ||J(X) - J(X0)|| (second order: radius x sup ||D^2 f||)"
@@ -352,7 +354,7 @@ EngineBound CentreNormBound(const AttentionLayer& L, const TokenCover& cover, co
   // 72 s of its predicted 58 s at BERT-base size on the 2-core EPYC): without it, at
   // BERT-base size they took 48.6 s of a 105 s window and the centre norm's 53 s assembly
   // ran out of time (docs/engines.md, "The variation's time, and the centre norm's reserve").
-  // Where the super-blocks' least time takes more than half of the window and the heads
+  // Where the super-blocks' least time takes more than 0.8 of the window and the heads
   // factored apply (dot-product MHA alone), the centre norm is the factored heads alone,
   // and the variation gets the time the super-blocks would have taken (BERT-base size:
   // 9.30 in 19 s against 61.5 from the super-blocks in 84 s; docs/engines.md, "Centre norm:
@@ -365,14 +367,15 @@ EngineBound CentreNormBound(const AttentionLayer& L, const TokenCover& cover, co
     double reserve_s = 1.6 * CentreNormEngineSecondsEstimate(L, tokens, centre_dense_limit, opts.norm, /*minimum=*/true);
     const double window = std::chrono::duration<double>(opts.deadline - t_variation).count();
     if (opts.norm == NormKind::kL2 && long(tokens) * L.d_model > centre_dense_limit && FactoredHeadsApply(L, co) &&
-        reserve_s > 0.5 * window) {
+        reserve_s > 0.8 * window) {
       co.super_blocks = false;
       reserve_s = 1.6 * FactoredHeadsSecondsEstimate(L, tokens);
     }
     refine_until = opts.deadline - std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                                        std::chrono::duration<double>(reserve_s));
   }
-  const CentredVariation v = CentredVariationBound(L, cover, opts, refine_until);
+  // With the factored heads alone the centre norm is short: the variation refines up to its reserve.
+  const CentredVariation v = CentredVariationBound(L, cover, opts, refine_until, /*up_to_refine_until=*/!co.super_blocks);
   const double variation_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_variation).count();
   if (!v.complete) {
     EngineBound late = TimedOutBound(kName);

@@ -56,10 +56,14 @@ struct CentredVariation {
   bool complete = false;
 };
 // The second order's optional refinements (T(1)'s columns, the nodes of the integral) end
-// by refine_until too, where the caller keeps the time after it for other work.
+// by refine_until too, where the caller keeps the time after it for other work. They take
+// a fifth (T(1)) and a tenth (the nodes) of the time left before the deadline; with
+// up_to_refine_until, half of the time before refine_until and then the rest of it (for a
+// caller whose own work after refine_until is known to be short).
 CentredVariation CentredVariationBound(
     const AttentionLayer& layer, const TokenCover& cover, const BoundOptions& opts,
-    std::chrono::steady_clock::time_point refine_until = std::chrono::steady_clock::time_point::max());
+    std::chrono::steady_clock::time_point refine_until = std::chrono::steady_clock::time_point::max(),
+    bool up_to_refine_until = false);
 
 // Engine `centre_norm` (norms 2 and inf, any size; in the inf norm ||J(X0)||_inf comes from
 // the enclosure's row sums, CentreJacobianInfNormBounds, and the variation's block bounds
