@@ -1680,7 +1680,7 @@ namespace {
 // Seconds per (token pair x head x D^2) of the fused assembly (bench/centre_norm_bench).
 constexpr double kFusedAssemblySeconds = 5e-10;
 // Seconds per flop of the factored heads' per-token products (measured: FactoredHeadsBound).
-constexpr double kFactoredSecondsPerFlop = 1.0 / 4e10;
+constexpr double kFactoredSecondsPerFlop = 1.0 / 3e10;
 }  // namespace
 
 double CentreNormSecondsEstimate(const AttentionLayer& L, int tokens, const CentreNormOptions& o) {
