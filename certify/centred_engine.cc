@@ -49,8 +49,9 @@ double SecondOrderSupUp(const std::vector<HeadGeometry>& geo, const MhaInput& in
 //   sup ||J_M(z) - J_M(zc)|| <= joint_z sum_k (s_k - s_{k-1}) T(s_k),
 // T(s) = SecondOrderSupUp at s. T(1) comes from the caller; the nodes 1/2, 1/4, 3/4, then the
 // odd eighths are added while they fit in a tenth of the time left and before refine_until
-// (the rest is the centre norm's; with up_to_refine_until, while they fit before it); any
-// set of nodes gives a bound, and T(1) bounds every T(s).
+// (the rest is the centre norm's; with up_to_refine_until, while they fit before it, each
+// refining for its share of what is left); any set of nodes gives a bound, and T(1) bounds
+// every T(s).
 double SecondOrderVariationUp(const std::vector<HeadGeometry>& geo, const MhaInput& in, bool causal, double t_one,
                               const BoundOptions& opts, std::chrono::steady_clock::time_point refine_until,
                               bool up_to_refine_until, int* node_count) {
@@ -60,11 +61,17 @@ double SecondOrderVariationUp(const std::vector<HeadGeometry>& geo, const MhaInp
   const auto budget_end =
       timed && !up_to_refine_until ? std::min(start + (opts.deadline - start) / 10, refine_until) : refine_until;
   auto last = std::chrono::steady_clock::duration::zero();
-  for (const double s : {0.5, 0.25, 0.75, 0.125, 0.375, 0.625, 0.875}) {
+  const std::vector<double> order = {0.5, 0.25, 0.75, 0.125, 0.375, 0.625, 0.875};
+  for (size_t k = 0; k < order.size(); ++k) {
+    const double s = order[k];
     const auto t0 = std::chrono::steady_clock::now();
     if (budget_end != std::chrono::steady_clock::time_point::max() && t0 + last > budget_end) break;
+    // With up_to_refine_until each node refines for its share of what is left.
+    const auto node_end = up_to_refine_until && budget_end != std::chrono::steady_clock::time_point::max() && budget_end > t0
+                              ? t0 + (budget_end - t0) / long(order.size() - k)
+                              : budget_end;
     // The cover scaled by s lies in the cover (scaled about its centre), so T(1) bounds T(s) too.
-    nodes.push_back({s, std::min(t_one, SecondOrderSupUp(geo, in, causal, s, opts.threads, budget_end))});
+    nodes.push_back({s, std::min(t_one, SecondOrderSupUp(geo, in, causal, s, opts.threads, node_end))});
     last = std::chrono::steady_clock::now() - t0;
   }
   std::sort(nodes.begin(), nodes.end());
@@ -240,7 +247,7 @@ CentredVariation CentredVariationBound(const AttentionLayer& L, const TokenCover
   // and not past refine_until.
   const auto now = std::chrono::steady_clock::now();
   const auto t_one_until = opts.deadline == std::chrono::steady_clock::time_point::max() ? refine_until
-                           : up_to_refine_until ? (refine_until > now ? now + (refine_until - now) / 2 : now)
+                           : up_to_refine_until ? (refine_until > now ? now + (refine_until - now) / 4 : now)
                                                 : std::min(now + (opts.deadline - now) / 5, refine_until);
   const double second =
       second_order
