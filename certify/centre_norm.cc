@@ -50,18 +50,6 @@ IntervalMatrix FromIntervals(const std::vector<Interval>& v, Eigen::Index rows, 
   return IntervalMatrix::FromBounds(lo, hi);
 }
 
-// x with column a multiplied by c_a (entrywise interval products).
-IntervalMatrix ScaleColumns(const IntervalMatrix& x, const std::vector<Interval>& c) {
-  Eigen::MatrixXd lo(x.rows(), x.cols()), hi(x.rows(), x.cols());
-  for (Eigen::Index a = 0; a < x.cols(); ++a)
-    for (Eigen::Index r = 0; r < x.rows(); ++r) {
-      const Interval v = x(r, a) * c[a];
-      lo(r, a) = v.lo;
-      hi(r, a) = v.hi;
-    }
-  return IntervalMatrix::FromBounds(lo, hi);
-}
-
 // Rows k of x multiplied by p_k.
 IntervalMatrix ScaleRows(const IntervalMatrix& x, const std::vector<Interval>& p) {
   Eigen::MatrixXd lo(x.rows(), x.cols()), hi(x.rows(), x.cols());
@@ -1318,9 +1306,10 @@ UpperBound PlainSuperBlockBound(const CentreState& S, const CentreNormOptions& o
 //   ||K|| <= ||Phi||, Phi the (H N) x D stack of the rows alpha_i g^h_i, alpha_i >= ||A_i||,
 //            A_i = [a^h_ij]_{j,h} (D x N H): ||K x||^2 = sum_i ||A_i y_i||^2 with
 //            (y_i)_{jh} = g^h_i . x_j, so <= sum_j x_j^T (sum_{i,h} alpha_i^2 g g^T) x_j.
-// Tight where the heads attend diffusely (random BERT-base-sized weights: 11.4 against
-// sigma_1 = 2.80, where the super-blocks give 61.5); far looser than the super-blocks where
-// they are sharp (MiniLM, N = 64: 59 against 3.48), so the centre norm takes the smaller.
+// (and the same with Wo taken out, per-head alpha^h_i). Tight where the heads attend
+// diffusely (random BERT-base-sized weights: 9.203 against sigma_1 = 2.795, where the
+// super-blocks give 61.5); far looser than the super-blocks where they are sharp (MiniLM,
+// N = 64: 26.70 against 3.48), so the centre norm takes the smaller.
 // ---------------------------------------------------------------------------------------
 struct FactoredParts {
   UpperBound value{kInf}, keys{kInf}, queries{kInf};
@@ -1344,7 +1333,8 @@ FactoredParts FactoredHeadsBound(const CentreState& S, const AttentionLayer& L, 
     w_norm[h] = NormL2UpperGram(S.head[h].w, 1).value();
   });
   if (Past(deadline)) return out;
-  const UpperBound wo_wv = MulNonneg(NormL2UpperGram(L.wo, threads), NormL2UpperGram(Eigen::MatrixXd(L.wv.transpose()), threads));
+  const UpperBound wo_norm = NormL2UpperGram(L.wo, threads);
+  const UpperBound wo_wv = MulNonneg(wo_norm, NormL2UpperGram(Eigen::MatrixXd(L.wv.transpose()), threads));
   UpperBound spread_heads(0.0), whole_heads(0.0);
   for (int h = 0; h < hs; ++h) {
     spread_heads = spread_heads + MulNonneg(UpperBound(dev_norm[h]), UpperBound(w_norm[h]));
@@ -1355,14 +1345,14 @@ FactoredParts FactoredHeadsBound(const CentreState& S, const AttentionLayer& L, 
   // s_h = sqrt(||D_h||) besides the common max_h ||D_h||.
   const auto scaled_pair = [&](const std::vector<double>& dn) {
     const int dv = L.head_dim_v;
-    std::vector<Interval> col_scale(size_t(hs) * dv), row_scale(size_t(hs) * dv), ones(size_t(hs) * dv, Interval(1.0));
+    std::vector<Interval> col_scale(size_t(hs) * dv), row_scale(size_t(hs) * dv);
     for (int h = 0; h < hs; ++h)
       for (int c = 0; c < dv; ++c) {
         col_scale[size_t(h) * dv + c] = Sqrt(Interval(dn[h]));
         row_scale[size_t(h) * dv + c] = Interval(dn[h]);
       }
     const IntervalMatrix wo_t = IntervalMatrix::Point(Eigen::MatrixXd(L.wo.transpose())), wv = IntervalMatrix::Point(L.wv);
-    const UpperBound rows_only = MulNonneg(NormL2UpperGram(L.wo, threads), NormL2UpperGram(ScaleRows(wv, row_scale), threads));
+    const UpperBound rows_only = MulNonneg(wo_norm, NormL2UpperGram(ScaleRows(wv, row_scale), threads));
     const UpperBound split = MulNonneg(NormL2UpperGram(ScaleRows(wo_t, col_scale), threads),
                                        NormL2UpperGram(ScaleRows(wv, col_scale), threads));
     return Min(rows_only, split);
@@ -1421,7 +1411,7 @@ FactoredParts FactoredHeadsBound(const CentreState& S, const AttentionLayer& L, 
       head_scale[size_t(h) * n + i] = Interval(NormL2UpperGram(a, 1).value());
     }
   });
-  out.keys = Min(out.keys, MulNonneg(NormL2UpperGram(L.wo, threads), NormL2UpperGram(ScaleRows(g_stack, head_scale), threads)));
+  out.keys = Min(out.keys, MulNonneg(wo_norm, NormL2UpperGram(ScaleRows(g_stack, head_scale), threads)));
   return out;
 }
 

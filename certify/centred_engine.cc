@@ -244,7 +244,7 @@ CentredVariation CentredVariationBound(const AttentionLayer& L, const TokenCover
   const double split = AddUp(value_path, logit_path);
   const double joint = ScaledNonnegNormUp(all, in.ell, PrimalNorm(p));
   // T(1) refines its columns for at most a fifth of the time left (the nodes: their tenth),
-  // and not past refine_until.
+  // and not past refine_until; with up_to_refine_until, for a quarter of the time before it.
   const auto now = std::chrono::steady_clock::now();
   const auto t_one_until = opts.deadline == std::chrono::steady_clock::time_point::max() ? refine_until
                            : up_to_refine_until ? (refine_until > now ? now + (refine_until - now) / 4 : now)
@@ -364,8 +364,8 @@ EngineBound CentreNormBound(const AttentionLayer& L, const TokenCover& cover, co
   // Where the super-blocks' least time takes more than 0.8 of the window and the heads
   // factored apply (dot-product MHA alone), the centre norm is the factored heads alone,
   // and the variation gets the time the super-blocks would have taken (BERT-base size:
-  // 9.30 in 19 s against 61.5 from the super-blocks in 84 s; docs/engines.md, "Centre norm:
-  // the heads factored").
+  // 9.203 in about 10 s against 61.5 from the super-blocks in 84 s; docs/engines.md, "Centre
+  // norm: the heads factored").
   const auto t_variation = std::chrono::steady_clock::now();
   const int tokens = int(cover.center.rows());
   CentreNormOptions co = CentreNormOptionsOf(opts, centre_dense_limit);
