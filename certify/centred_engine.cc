@@ -23,10 +23,12 @@ constexpr const char* kEngine = "centred";
 // sup ||D^2 out[U, U]|| over unit U and the z-cover scaled by s about zc (norm 2): the smaller
 // of the forms' bound (SecondOrderHeadUp: max_j sum_h ||column j of L_h|| + sum_h cross_h)
 // and the pairs-apart bound (SecondOrderSplitHeadUp, the moving token's own row as one
-// form over the heads, OwnRowUp, its columns refined until refine_until). With F given, the
-// heads' factor bounds over the full cover (s = 1).
+// form over the heads, OwnRowUp, its columns refined, `threads` at a time, until
+// refine_until, or for refine_share of the time left before it once the columns start: the
+// factor bounds before them take seconds at BERT-base size, and a share taken before them
+// left the columns nothing). With F given, the heads' factor bounds over the full cover (s = 1).
 double SecondOrderSupUp(const std::vector<HeadGeometry>& geo, const MhaInput& in, bool causal, double s, int threads,
-                        std::chrono::steady_clock::time_point refine_until,
+                        std::chrono::steady_clock::time_point refine_until, double refine_share = 1.0,
                         const std::vector<FactorBounds>* full = nullptr) {
   Eigen::VectorXd rho = in.rho_z;
   for (Eigen::Index j = 0; j < rho.size(); ++j) rho(j) = MulUp(rho(j), s);
@@ -39,37 +41,49 @@ double SecondOrderSupUp(const std::vector<HeadGeometry>& geo, const MhaInput& in
     per_head[h] = SecondOrderHeadUp(geo[h], factors[h], rho, causal);
     split[h] = SecondOrderSplitHeadUp(geo[h], factors[h], rho, causal);
   });
-  auto own_row = [&](int j) { return OwnRowUp(geo, factors, rho, causal, j, threads); };
-  return std::min(SecondOrderColumnsUp(per_head), SecondOrderSplitColumnsUp(split, own_row, refine_until));
+  auto own_row = [&](int j, int t) { return OwnRowUp(geo, factors, rho, causal, j, t); };
+  const auto now = std::chrono::steady_clock::now();
+  const auto columns_until =
+      refine_share < 1 && refine_until != std::chrono::steady_clock::time_point::max() && refine_until > now
+          ? now + std::chrono::duration_cast<std::chrono::steady_clock::duration>((refine_until - now) * refine_share)
+          : refine_until;
+  return std::min(SecondOrderColumnsUp(per_head), SecondOrderSplitColumnsUp(split, own_row, columns_until, threads));
 }
 
 // The second-order variation (docs/engines.md, "Second-order variation"): along the segment
 // from Zc to Z, J_M(Z) - J_M(Zc) = int_0^1 D^2 out(Zc + s (Z - Zc))[Z - Zc, .] ds, and the
 // point at s lies in the cover scaled by s. So with nodes 0 < s_1 < ... < s_K = 1,
 //   sup ||J_M(z) - J_M(zc)|| <= joint_z sum_k (s_k - s_{k-1}) T(s_k),
-// T(s) = SecondOrderSupUp at s. T(1) comes from the caller; the nodes 1/2, 1/4, 3/4, then the
-// odd eighths are added while they fit in a tenth of the time left and before refine_until
-// (the rest is the centre norm's; with up_to_refine_until, while they fit before it, each
-// refining for its share of what is left); any set of nodes gives a bound, and T(1) bounds
-// every T(s).
+// T(s) = SecondOrderSupUp at s. T(1) comes from the caller (it took t_one_seconds); the nodes
+// 1/2, 1/4, 3/4, then the odd eighths are added while they fit in a tenth of the time left
+// and before refine_until (the rest is the centre norm's). With up_to_refine_until, while
+// they fit before it, each refining for its share of what is left among the nodes that fit
+// at the last one's pace (T(1)'s for the first): a node whose columns are cut is no better
+// than T(1) where the heads are diffuse, so fewer nodes, each refined, pay more. Any set of
+// nodes gives a bound, and T(1) bounds every T(s).
 double SecondOrderVariationUp(const std::vector<HeadGeometry>& geo, const MhaInput& in, bool causal, double t_one,
-                              const BoundOptions& opts, std::chrono::steady_clock::time_point refine_until,
-                              bool up_to_refine_until, int* node_count) {
+                              double t_one_seconds, const BoundOptions& opts,
+                              std::chrono::steady_clock::time_point refine_until, bool up_to_refine_until,
+                              int* node_count) {
   std::vector<std::pair<double, double>> nodes = {{1.0, t_one}};  // (s, T(s))
   const bool timed = opts.deadline != std::chrono::steady_clock::time_point::max();
   const auto start = std::chrono::steady_clock::now();
   const auto budget_end =
       timed && !up_to_refine_until ? std::min(start + (opts.deadline - start) / 10, refine_until) : refine_until;
   auto last = std::chrono::steady_clock::duration::zero();
+  const auto t_one_pace = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+      std::chrono::duration<double>(std::max(0.0, t_one_seconds)));
   const std::vector<double> order = {0.5, 0.25, 0.75, 0.125, 0.375, 0.625, 0.875};
   for (size_t k = 0; k < order.size(); ++k) {
     const double s = order[k];
     const auto t0 = std::chrono::steady_clock::now();
     if (budget_end != std::chrono::steady_clock::time_point::max() && t0 + last > budget_end) break;
-    // With up_to_refine_until each node refines for its share of what is left.
-    const auto node_end = up_to_refine_until && budget_end != std::chrono::steady_clock::time_point::max() && budget_end > t0
-                              ? t0 + (budget_end - t0) / long(order.size() - k)
-                              : budget_end;
+    auto node_end = budget_end;
+    if (up_to_refine_until && budget_end != std::chrono::steady_clock::time_point::max() && budget_end > t0) {
+      const auto pace = k == 0 ? t_one_pace : last;
+      const long fit = pace.count() > 0 ? std::max(1L, long((budget_end - t0) / pace)) : long(order.size() - k);
+      node_end = t0 + (budget_end - t0) / std::min(fit, long(order.size() - k));
+    }
     // The cover scaled by s lies in the cover (scaled about its centre), so T(1) bounds T(s) too.
     nodes.push_back({s, std::min(t_one, SecondOrderSupUp(geo, in, causal, s, opts.threads, node_end))});
     last = std::chrono::steady_clock::now() - t0;
@@ -244,17 +258,19 @@ CentredVariation CentredVariationBound(const AttentionLayer& L, const TokenCover
   const double split = AddUp(value_path, logit_path);
   const double joint = ScaledNonnegNormUp(all, in.ell, PrimalNorm(p));
   // T(1) refines its columns for at most a fifth of the time left (the nodes: their tenth),
-  // and not past refine_until; with up_to_refine_until, for a quarter of the time before it.
+  // and not past refine_until; with up_to_refine_until, for half of the time left before it
+  // once its columns start (T(1) bounds every node).
   const auto now = std::chrono::steady_clock::now();
-  const auto t_one_until = opts.deadline == std::chrono::steady_clock::time_point::max() ? refine_until
-                           : up_to_refine_until ? (refine_until > now ? now + (refine_until - now) / 4 : now)
-                                                : std::min(now + (opts.deadline - now) / 5, refine_until);
-  const double second =
-      second_order
-          ? MulUp(ell_max, SecondOrderVariationUp(
-                               geo, in, L.causal, SecondOrderSupUp(geo, in, L.causal, 1.0, opts.threads, t_one_until, &over_cover),
-                               opts, refine_until, up_to_refine_until, &v.second_order_nodes))
-          : kInf;
+  const bool timed = opts.deadline != std::chrono::steady_clock::time_point::max();
+  const auto t_one_until = !timed || up_to_refine_until ? refine_until : std::min(now + (opts.deadline - now) / 5, refine_until);
+  const double t_one_share = timed && up_to_refine_until ? 0.5 : 1.0;
+  double second = kInf;
+  if (second_order) {
+    const double t_one = SecondOrderSupUp(geo, in, L.causal, 1.0, opts.threads, t_one_until, t_one_share, &over_cover);
+    const double t_one_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - now).count();
+    second = MulUp(ell_max, SecondOrderVariationUp(geo, in, L.causal, t_one, t_one_seconds, opts, refine_until,
+                                                   up_to_refine_until, &v.second_order_nodes));
+  }
   const double variation = std::min({split, joint, schur, second});
   v.route = variation == second ? "variation sup ||J(X) - J(X0)|| (second order: radius x sup ||D^2 f||)"
             : variation == split ? "variation sup ||J(X) - J(X0)|| (value path + logit path)"

@@ -848,7 +848,10 @@ double OwnRowUp(const std::vector<HeadGeometry>& geo, const std::vector<FactorBo
   IntervalMatrix rows_gram;
   {
     const double k = double(stacked.rows());
-    rows_gram.mid = stacked.transpose() * stacked;
+    // The lower triangle in one symmetric rank-k update (half a GEMM's work), mirrored.
+    rows_gram.mid = Eigen::MatrixXd::Zero(stacked.cols(), stacked.cols());
+    rows_gram.mid.selfadjointView<Eigen::Lower>().rankUpdate(stacked.transpose());
+    rows_gram.mid.triangularView<Eigen::StrictlyUpper>() = rows_gram.mid.transpose();
     Eigen::VectorXd col(stacked.cols());
     for (Eigen::Index a = 0; a < stacked.cols(); ++a) col(a) = NormUp(stacked.col(a).transpose());
     const double g = GammaUp(k), floor = MulUp(k, kEta);
@@ -865,23 +868,25 @@ double OwnRowUp(const std::vector<HeadGeometry>& geo, const std::vector<FactorBo
   // the radius sum (its own rounding covered by the factor 1 + g) adds sum c rad.
   const Eigen::Index d = stacked.cols();
   Eigen::MatrixXd mid = Eigen::MatrixXd::Zero(d, d), mag = Eigen::MatrixXd::Zero(d, d), rad = Eigen::MatrixXd::Zero(d, d);
-  for (const auto& [c, m] : terms) {
-    if (!(c > 0)) continue;
-    mid += c * m->mid;
-    mag += c * m->mid.cwiseAbs();
-    rad += c * m->rad;
-  }
+  // Column by column: a column's three sums stay in cache while the terms are added (in
+  // the terms' order).
+  for (Eigen::Index col = 0; col < d; ++col)
+    for (const auto& [c, m] : terms) {
+      if (!(c > 0)) continue;
+      mid.col(col) += c * m->mid.col(col);
+      mag.col(col) += c * m->mid.col(col).cwiseAbs();
+      rad.col(col) += c * m->rad.col(col);
+    }
   const double g = GammaUp(2.0 * double(terms.size()) + 4);
   rad = ((rad + g * mag) * (1 + g)).eval();
-  (void)threads;
   const IntervalMatrix sum(mid, rad);
   const double lambda = LambdaMaxUpper(sum).value();
   return AddUp(lambda, AddUp(iso, MulUp(1.0 + 1.0 / kPhi, err2)));
 }
 
 double SecondOrderSplitColumnsUp(const std::vector<SecondOrderSplitHead>& heads,
-                                 const std::function<double(int)>& own_row,
-                                 std::chrono::steady_clock::time_point refine_until) {
+                                 const std::function<double(int, int)>& own_row,
+                                 std::chrono::steady_clock::time_point refine_until, int threads) {
   if (heads.empty()) return 0.0;
   const int n = int(heads[0].lin.cols());
   // ||d^2 out_i|| <= sum_h ||d^2 out_i^h||: the heads' rows add up before the norm over rows.
@@ -900,21 +905,30 @@ double SecondOrderSplitColumnsUp(const std::vector<SecondOrderSplitHead>& heads,
   double column = norms.maxCoeff();
   if (own_row) {
     // The largest columns again, with the moving token's own row as one form over all heads
-    // (own_row(j) >= it) in place of the heads' scalars summed in lin(j, j): while a column's
-    // scalar norm is above the best refined one, at most kRefined columns.
-    const int kRefined = n;  // (the loop stops once the refined best passes the rest)
+    // (own_row(j) >= it) in place of the heads' scalars summed in lin(j, j), while a column's
+    // scalar norm is above the best refined one. One column per worker at a time, each on
+    // one thread: a column refined where the one-at-a-time loop would have stopped has its
+    // scalar norm at most the best, so the bound is the same for any thread count.
     std::vector<int> order(n);
     for (int j = 0; j < n; ++j) order[j] = j;
     std::sort(order.begin(), order.end(), [&](int a, int b) { return norms(a) > norms(b); });
+    const int workers = WorkerCount(threads, n);  // threads = 0: all cores
     double best = 0;
     int t = 0;
-    for (; t < n && t < kRefined && norms(order[t]) > best && std::chrono::steady_clock::now() < refine_until; ++t) {
-      const int j = order[t];
-      const double own = std::min(lin(j, j), own_row(j));
-      double s = MulUp(own, own);
-      for (int i = 0; i < n; ++i)
-        if (i != j) s = AddUp(s, MulUp(lin(i, j), lin(i, j)));
-      best = std::max(best, std::min(norms(j), SqrtUp(s)));
+    while (t < n && norms(order[t]) > best && std::chrono::steady_clock::now() < refine_until) {
+      int batch = 0;
+      while (batch < workers && t + batch < n && norms(order[t + batch]) > best) ++batch;
+      std::vector<double> refined(batch);
+      ParallelFor(batch, batch, [&](int b, int) { refined[b] = own_row(order[t + b], std::max(1, workers / batch)); });
+      for (int b = 0; b < batch; ++b) {
+        const int j = order[t + b];
+        const double own = std::min(lin(j, j), refined[b]);
+        double s = MulUp(own, own);
+        for (int i = 0; i < n; ++i)
+          if (i != j) s = AddUp(s, MulUp(lin(i, j), lin(i, j)));
+        best = std::max(best, std::min(norms(j), SqrtUp(s)));
+      }
+      t += batch;
     }
     column = t < n ? std::max(best, norms(order[t])) : best;
   }

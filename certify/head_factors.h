@@ -181,12 +181,15 @@ double OwnRowUp(const std::vector<HeadGeometry>& geo, const std::vector<FactorBo
                 const Eigen::VectorXd& rho, bool causal, int j, int threads);
 
 // >= max_j ||column j of sum_h lin_h||_2 + sqrt(lambda_max(P P^T)), P = sum_h pairs_h.
-// With own_row (own_row(j) >= the moving token's own row over all heads, e.g. from
-// OwnRowUp), the largest columns are refined with it, until refine_until.
+// With own_row (own_row(j, t) >= the moving token's own row over all heads, computed on t
+// threads, e.g. by OwnRowUp), the largest columns are refined with it until refine_until,
+// `threads` columns at a time (own_row is then called concurrently). Without a deadline
+// the bound does not depend on `threads`.
 double SecondOrderSplitColumnsUp(const std::vector<SecondOrderSplitHead>& heads,
-                                 const std::function<double(int)>& own_row = nullptr,
+                                 const std::function<double(int, int)>& own_row = nullptr,
                                  std::chrono::steady_clock::time_point refine_until =
-                                     std::chrono::steady_clock::time_point::max());
+                                     std::chrono::steady_clock::time_point::max(),
+                                 int threads = 1);
 
 // >= ||P||_p for every attention matrix P below p_hi (rows on the simplex).
 double ProbabilityNormUp(const Eigen::MatrixXd& p_hi, NormKind p);

@@ -279,9 +279,12 @@ TEST(HeadFactorsTest, SplitSecondOrderBoundsTheSecondDerivative) {
     // With the moving token's own query spread as one form over the heads (the engines' way);
     // never above the plain one.
     const double plain = SecondOrderSplitColumnsUp(heads);
-    const double bound = SecondOrderSplitColumnsUp(
-        heads, [&](int j) { return OwnRowUp(geo, factors, in.rho_z, L.causal, j, 1); });
+    const auto own_row = [&](int j, int threads) { return OwnRowUp(geo, factors, in.rho_z, L.causal, j, threads); };
+    const double bound = SecondOrderSplitColumnsUp(heads, own_row);
     ASSERT_TRUE(std::isfinite(bound)) << "case " << t;
+    // Two columns refined at a time: the same bound.
+    EXPECT_EQ(SecondOrderSplitColumnsUp(heads, own_row, std::chrono::steady_clock::time_point::max(), 2), bound)
+        << "case " << t;
     EXPECT_LE(bound, plain) << "case " << t;
     refined += bound < plain;
     std::vector<Eigen::MatrixXd> points = set.radius == 0 ? std::vector<Eigen::MatrixXd>{set.center} : CoverPoints(rng, set, 2);
