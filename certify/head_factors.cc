@@ -46,6 +46,11 @@ static Eigen::MatrixXd AnchoredCentreUp(const IntervalMatrix& vals, const Eigen:
   return out;
 }
 
+GramSpread GramSpreadOf(const IntervalMatrix& g) {
+  // rho(rad) <= ||rad||_inf (rad >= 0); || |mid| ||_2 <= || |mid| ||_inf (|mid| symmetric, >= 0).
+  return GramSpread{NormInf(g.rad).value(), NormInf(g.mid).value()};
+}
+
 HeadGeometry HeadGeometryAt(const AttentionLayer& L, int h, const Eigen::MatrixXd& zc, NormKind p) {
   HeadGeometry G;
   G.dot = L.kind == AttentionKind::kDot;
@@ -138,6 +143,9 @@ HeadGeometry HeadGeometryAt(const AttentionLayer& L, int h, const Eigen::MatrixX
     G.value_iso = MulUp(NormFrobeniusUpper(delta).value(), MulUp(wv_norm, wv_norm));
     G.wq_gram = GramEnclosure(wq);
     G.wk_gram = GramEnclosure(wk);
+    G.value_spread = GramSpreadOf(G.value_gram);
+    G.wq_spread = GramSpreadOf(G.wq_gram);
+    G.wk_spread = GramSpreadOf(G.wk_gram);
     G.wq_norm = NormL2Upper(wq).value();
     G.wk_norm = NormL2Upper(wk).value();
     // The centred midpoints' Grams (ValueQueryCovarianceUp).
@@ -841,47 +849,48 @@ double OwnRowUp(const std::vector<HeadGeometry>& geo, const std::vector<FactorBo
   // U^T S U with S = the stacked rows' Gram and the heads' weighted fixed Grams; the rows'
   // rounding err: (||rows U|| + err)^2 <= (1 + phi) ||rows U||^2 + (1 + 1/phi) err^2.
   constexpr double kPhi = 1e-6;
-  std::vector<std::pair<double, const IntervalMatrix*>> terms;
-  // The rows' Gram in one floating product: |fl(S^T S) - S^T S|_ab <= gamma_k sum_r |s_ra||s_rb|
-  // <= gamma_k ||col a|| ||col b|| (k rows), plus k eta for underflow; the factor 1 + 16u
-  // covers the radius's own rounding.
-  IntervalMatrix rows_gram;
-  {
-    const double k = double(stacked.rows());
-    // The lower triangle in one symmetric rank-k update (half a GEMM's work), mirrored.
-    rows_gram.mid = Eigen::MatrixXd::Zero(stacked.cols(), stacked.cols());
-    rows_gram.mid.selfadjointView<Eigen::Lower>().rankUpdate(stacked.transpose());
-    rows_gram.mid.triangularView<Eigen::StrictlyUpper>() = rows_gram.mid.transpose();
-    Eigen::VectorXd col(stacked.cols());
-    for (Eigen::Index a = 0; a < stacked.cols(); ++a) col(a) = NormUp(stacked.col(a).transpose());
-    const double g = GammaUp(k), floor = MulUp(k, kEta);
-    rows_gram.rad = ((g * (col * col.transpose())).array() + floor).matrix() * (1 + 16 * kUnitRoundoff);
-    rows_gram = SymmetrizeEnclosure(rows_gram);
-  }
-  terms.push_back({1.0 + kPhi, &rows_gram});
-  for (int h = 0; h < heads; ++h) {
-    terms.push_back({forms[h].value_weight, &geo[h].value_gram});
-    terms.push_back({forms[h].q_weight, &geo[h].wq_gram});
-    terms.push_back({forms[h].k_weight, &geo[h].wk_gram});
-  }
-  // The weights are >= 0: mid = fl(sum c mid) is off by at most gamma_{T+2} sum c |mid|, and
-  // the radius sum (its own rounding covered by the factor 1 + g) adds sum c rad.
+  // The rows' Gram in one floating product (the lower triangle by a symmetric rank-k update,
+  // mirrored): |fl(S^T S) - S^T S|_ab <= gamma_k sum_r |s_ra||s_rb| <= gamma_k ||col a|| ||col b||
+  // (k rows), plus k eta for underflow, so that enclosure's radius has rho <= gamma_k ||col||^2
+  // + D k eta, and |mid| <= ||col a|| ||col b|| + rad.
   const Eigen::Index d = stacked.cols();
-  Eigen::MatrixXd mid = Eigen::MatrixXd::Zero(d, d), mag = Eigen::MatrixXd::Zero(d, d), rad = Eigen::MatrixXd::Zero(d, d);
-  // Column by column: a column's three sums stay in cache while the terms are added (in
-  // the terms' order).
+  Eigen::MatrixXd mid = Eigen::MatrixXd::Zero(d, d);
+  mid.selfadjointView<Eigen::Lower>().rankUpdate(stacked.transpose());
+  mid.triangularView<Eigen::StrictlyUpper>() = mid.transpose();
+  double col2 = 0;
+  for (Eigen::Index a = 0; a < d; ++a) {
+    const double c = NormUp(stacked.col(a).transpose());
+    col2 = AddUp(col2, MulUp(c, c));
+  }
+  const double k = double(stacked.rows());
+  const double rows_rad = AddUp(MulUp(GammaUp(k), col2), MulUp(double(d), MulUp(k, kEta)));
+  std::vector<std::pair<double, GramSpread>> spreads = {{1.0 + kPhi, GramSpread{rows_rad, AddUp(col2, rows_rad)}}};
+  mid *= 1.0 + kPhi;  // its rounding is the sum's (below)
+  // The heads' fixed Grams with their weights c >= 0 (NaN: no bound), added column by column
+  // (a column's sum stays in cache while the terms are added).
+  std::vector<std::pair<double, const IntervalMatrix*>> fixed;
+  for (int h = 0; h < heads; ++h) {
+    fixed.push_back({forms[h].value_weight, &geo[h].value_gram});
+    fixed.push_back({forms[h].q_weight, &geo[h].wq_gram});
+    fixed.push_back({forms[h].k_weight, &geo[h].wk_gram});
+    spreads.push_back({forms[h].value_weight, geo[h].value_spread});
+    spreads.push_back({forms[h].q_weight, geo[h].wq_spread});
+    spreads.push_back({forms[h].k_weight, geo[h].wk_spread});
+  }
+  for (const auto& [c, g] : fixed)
+    if (std::isnan(c)) return kInf;
   for (Eigen::Index col = 0; col < d; ++col)
-    for (const auto& [c, m] : terms) {
-      if (!(c > 0)) continue;
-      mid.col(col) += c * m->mid.col(col);
-      mag.col(col) += c * m->mid.col(col).cwiseAbs();
-      rad.col(col) += c * m->rad.col(col);
-    }
-  const double g = GammaUp(2.0 * double(terms.size()) + 4);
-  rad = ((rad + g * mag) * (1 + g)).eval();
-  const IntervalMatrix sum(mid, rad);
-  const double lambda = LambdaMaxUpper(sum).value();
-  return AddUp(lambda, AddUp(iso, MulUp(1.0 + 1.0 / kPhi, err2)));
+    for (const auto& [c, g] : fixed)
+      if (c > 0) mid.col(col) += c * g->mid.col(col);
+  // S = mid + E with E symmetric: |E| <= sum_t c_t rad_t + gamma sum_t c_t |mid_t| (the weighted
+  // sum's rounding, T terms and the products: gamma_{2T+4}, generously), so by Weyl
+  // lambda_max(S) <= lambda_max(mid) + ||E||_2, ||E||_2 <= sum_t c_t (rho(rad_t) + gamma || |mid_t| ||_2).
+  const double g = GammaUp(2.0 * double(spreads.size()) + 4);
+  double spread = 0;
+  for (const auto& [c, s] : spreads)
+    if (c > 0) spread = AddUp(spread, MulUp(c, AddUp(s.rad, MulUp(g, s.abs_mid))));
+  const double lambda = LambdaMaxUpper(IntervalMatrix::Point(mid)).value();
+  return AddUp(AddUp(lambda, spread), AddUp(iso, MulUp(1.0 + 1.0 / kPhi, err2)));
 }
 
 double SecondOrderSplitColumnsUp(const std::vector<SecondOrderSplitHead>& heads,

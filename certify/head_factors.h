@@ -32,6 +32,14 @@ namespace lipcert {
 inline VectorNorm PrimalNorm(NormKind p) { return p == NormKind::kL2 ? VectorNorm::kTwo : VectorNorm::kInf; }
 inline VectorNorm DualNorm(NormKind p) { return p == NormKind::kL2 ? VectorNorm::kTwo : VectorNorm::kOne; }
 
+// Upper bounds, by max row sums, on rho(rad) and on the 2-norm of |mid| of a symmetric
+// enclosure [mid +- rad]: what a weighted sum of such enclosures can add to the largest
+// eigenvalue of its floating midpoint (OwnRowUp).
+struct GramSpread {
+  double rad = kInf, abs_mid = kInf;
+};
+GramSpread GramSpreadOf(const IntervalMatrix& g);
+
 // Geometry of one head at the cover's centre (the MHA input), enclosed rigorously.
 struct HeadGeometry {
   bool dot = true;
@@ -65,6 +73,7 @@ struct HeadGeometry {
   // factor of Wo_h^T Wo_h) and ||A||_F <= value_norm; enclosures of A^T A, Wq_h^T Wq_h and
   // Wk_h^T Wk_h, and upper bounds on ||Wq_h||, ||Wk_h||.
   IntervalMatrix value_gram, wq_gram, wk_gram;
+  GramSpread value_spread, wq_spread, wk_spread;  // of the three Grams (GramSpreadOf)
   double value_norm = kInf, value_err = kInf, value_iso = kInf, wq_norm = kInf, wk_norm = kInf;
   // Dot heads, norm 2, for ValueQueryCovarianceUp: the floating Grams (N x N) of the centred
   // midpoints U~ = fl(m_u - c_u) and B~ = fl(m_b - c_b) (c: the columns' means), and upper
