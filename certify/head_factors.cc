@@ -925,6 +925,7 @@ double SecondOrderSplitColumnsUp(const std::vector<SecondOrderSplitHead>& heads,
     double best = 0;
     int t = 0;
     while (t < n && norms(order[t]) > best && std::chrono::steady_clock::now() < refine_until) {
+      const auto batch_start = std::chrono::steady_clock::now();
       int batch = 0;
       while (batch < workers && t + batch < n && norms(order[t + batch]) > best) ++batch;
       std::vector<double> refined(batch);
@@ -938,6 +939,18 @@ double SecondOrderSplitColumnsUp(const std::vector<SecondOrderSplitHead>& heads,
         best = std::max(best, std::min(norms(j), SqrtUp(s)));
       }
       t += batch;
+      // Give up where the columns still above the best refined one cannot all be refined
+      // before refine_until at this batch's pace and those that can would lower the column
+      // term by under a tenth: the time is the other nodes' (diffuse heads, whose columns
+      // are all near the largest, on a loaded machine).
+      if (refine_until != std::chrono::steady_clock::time_point::max() && t < n) {
+        const double batch_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - batch_start).count();
+        const double left_s = std::chrono::duration<double>(refine_until - std::chrono::steady_clock::now()).count();
+        int above = t;
+        while (above < n && norms(order[above]) > best) ++above;
+        const long fit = batch_s > 0 ? long(std::max(0.0, left_s) / batch_s) * workers : long(n);
+        if (t + fit < above && norms(order[t + fit]) > 0.9 * norms(order[t])) break;
+      }
     }
     column = t < n ? std::max(best, norms(order[t])) : best;
   }
