@@ -24,11 +24,16 @@ constexpr const char* kEngine = "centred";
 // of the forms' bound (SecondOrderHeadUp: max_j sum_h ||column j of L_h|| + sum_h cross_h)
 // and the pairs-apart bound (SecondOrderSplitHeadUp, the moving token's own row as one
 // form over the heads, OwnRowUp, its columns refined, `threads` at a time, until
-// refine_until, or for refine_share of the time left before it once the columns start: the
-// factor bounds before them take seconds at BERT-base size, and a share taken before them
-// left the columns nothing). With F given, the heads' factor bounds over the full cover (s = 1).
+// refine_until and for at most `share` of the time left before share.of once they start:
+// the factor bounds before them take seconds at BERT-base size, and a share counted before
+// them left the columns nothing). With F given, the heads' factor bounds over the full
+// cover (s = 1).
+struct ColumnsShare {
+  double fraction = 1.0;
+  std::chrono::steady_clock::time_point of = std::chrono::steady_clock::time_point::max();
+};
 double SecondOrderSupUp(const std::vector<HeadGeometry>& geo, const MhaInput& in, bool causal, double s, int threads,
-                        std::chrono::steady_clock::time_point refine_until, double refine_share = 1.0,
+                        std::chrono::steady_clock::time_point refine_until, ColumnsShare share = {},
                         const std::vector<FactorBounds>* full = nullptr) {
   Eigen::VectorXd rho = in.rho_z;
   for (Eigen::Index j = 0; j < rho.size(); ++j) rho(j) = MulUp(rho(j), s);
@@ -44,8 +49,10 @@ double SecondOrderSupUp(const std::vector<HeadGeometry>& geo, const MhaInput& in
   auto own_row = [&](int j, int t) { return OwnRowUp(geo, factors, rho, causal, j, t); };
   const auto now = std::chrono::steady_clock::now();
   const auto columns_until =
-      refine_share < 1 && refine_until != std::chrono::steady_clock::time_point::max() && refine_until > now
-          ? now + std::chrono::duration_cast<std::chrono::steady_clock::duration>((refine_until - now) * refine_share)
+      share.fraction < 1 && share.of != std::chrono::steady_clock::time_point::max()
+          ? std::min(refine_until, share.of > now ? now + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                                              (share.of - now) * share.fraction)
+                                                  : now)
           : refine_until;
   return std::min(SecondOrderColumnsUp(per_head), SecondOrderSplitColumnsUp(split, own_row, columns_until, threads));
 }
@@ -257,16 +264,14 @@ CentredVariation CentredVariationBound(const AttentionLayer& L, const TokenCover
   const double logit_path = ScaledNonnegNormUp(rd, in.ell, PrimalNorm(p));
   const double split = AddUp(value_path, logit_path);
   const double joint = ScaledNonnegNormUp(all, in.ell, PrimalNorm(p));
-  // T(1) refines its columns for at most a fifth of the time left (the nodes: their tenth),
-  // and not past refine_until; with up_to_refine_until, for half of the time left before it
-  // once its columns start (T(1) bounds every node).
+  // T(1) refines its columns, once they start, for at most a fifth of the time left (the
+  // nodes: their tenth), and not past refine_until; with up_to_refine_until, for half of the
+  // time left before it (T(1) bounds every node).
   const auto now = std::chrono::steady_clock::now();
-  const bool timed = opts.deadline != std::chrono::steady_clock::time_point::max();
-  const auto t_one_until = !timed || up_to_refine_until ? refine_until : std::min(now + (opts.deadline - now) / 5, refine_until);
-  const double t_one_share = timed && up_to_refine_until ? 0.5 : 1.0;
+  const ColumnsShare t_one_share = up_to_refine_until ? ColumnsShare{0.5, refine_until} : ColumnsShare{0.2, opts.deadline};
   double second = kInf;
   if (second_order) {
-    const double t_one = SecondOrderSupUp(geo, in, L.causal, 1.0, opts.threads, t_one_until, t_one_share, &over_cover);
+    const double t_one = SecondOrderSupUp(geo, in, L.causal, 1.0, opts.threads, refine_until, t_one_share, &over_cover);
     const double t_one_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - now).count();
     second = MulUp(ell_max, SecondOrderVariationUp(geo, in, L.causal, t_one, t_one_seconds, opts, refine_until,
                                                    up_to_refine_until, &v.second_order_nodes));

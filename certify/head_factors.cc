@@ -47,8 +47,10 @@ static Eigen::MatrixXd AnchoredCentreUp(const IntervalMatrix& vals, const Eigen:
 }
 
 GramSpread GramSpreadOf(const IntervalMatrix& g) {
-  // rho(rad) <= ||rad||_inf (rad >= 0); || |mid| ||_2 <= || |mid| ||_inf (|mid| symmetric, >= 0).
-  return GramSpread{NormInf(g.rad).value(), NormInf(g.mid).value()};
+  // For A >= 0, ||A||_2 <= sqrt(||A||_1 ||A||_inf) <= max(||A||_1, ||A||_inf) (a floating
+  // Gram need not be exactly symmetric): for rad, and for |mid|.
+  const auto larger = [](const Eigen::MatrixXd& a) { return std::max(NormInf(a).value(), Norm1(a).value()); };
+  return GramSpread{larger(g.rad), larger(g.mid)};
 }
 
 HeadGeometry HeadGeometryAt(const AttentionLayer& L, int h, const Eigen::MatrixXd& zc, NormKind p) {

@@ -32,9 +32,9 @@ namespace lipcert {
 inline VectorNorm PrimalNorm(NormKind p) { return p == NormKind::kL2 ? VectorNorm::kTwo : VectorNorm::kInf; }
 inline VectorNorm DualNorm(NormKind p) { return p == NormKind::kL2 ? VectorNorm::kTwo : VectorNorm::kOne; }
 
-// Upper bounds, by max row sums, on rho(rad) and on the 2-norm of |mid| of a symmetric
-// enclosure [mid +- rad]: what a weighted sum of such enclosures can add to the largest
-// eigenvalue of its floating midpoint (OwnRowUp).
+// Upper bounds, by max row and column sums, on ||rad||_2 and on ||(|mid|)||_2 of an
+// enclosure [mid +- rad] of a symmetric matrix: what a weighted sum of such enclosures can
+// add to the largest eigenvalue of its floating midpoint (OwnRowUp).
 struct GramSpread {
   double rad = kInf, abs_mid = kInf;
 };
