@@ -1306,14 +1306,46 @@ UpperBound PlainSuperBlockBound(const CentreState& S, const CentreNormOptions& o
 //   ||K|| <= ||Phi||, Phi the (H N) x D stack of the rows alpha_i g^h_i, alpha_i >= ||A_i||,
 //            A_i = [a^h_ij]_{j,h} (D x N H): ||K x||^2 = sum_i ||A_i y_i||^2 with
 //            (y_i)_{jh} = g^h_i . x_j, so <= sum_j x_j^T (sum_{i,h} alpha_i^2 g g^T) x_j.
-// (and the same with Wo taken out, per-head alpha^h_i). Tight where the heads attend
+// (and the same with Wo taken out, per-head alpha^h_i). The keys and the queries are nearly
+// orthogonal where the heads attend diffusely, so their sum also gets one bound with their
+// cross term (KeysAndQueriesUp). Tight where the heads attend
 // diffusely (random BERT-base-sized weights: 9.203 against sigma_1 = 2.795, where the
 // super-blocks give 61.5); far looser than the super-blocks where they are sharp (MiniLM,
 // N = 64: 26.70 against 3.48), so the centre norm takes the smaller.
 // ---------------------------------------------------------------------------------------
+// The most memory the cross term of the keys and queries keeps (every E_i, N D^2 doubles:
+// 0.6 GB at BERT-base size).
+constexpr double kFactoredCrossBytes = 1.5e9;
+
 struct FactoredParts {
   UpperBound value{kInf}, keys{kInf}, queries{kInf};
+  UpperBound keys_and_queries{kInf};  // >= ||K + Q||, with their cross term
+  UpperBound Total() const { return value + Min(keys + queries, keys_and_queries); }
 };
+
+// >= ||K + Q|| from Phi = [alpha_i g^h_i] (keys: ||Phi|| <= phi) and the queries' blocks E_j
+// (||E_j|| <= e_j), through the transpose: column token j of (K + Q)^T u is
+// Phi^T z_j + E_j^T u_j, (z_j)_{hi} = a^h_ij . u_i / alpha_i, and sum_j ||z_j||^2 =
+// sum_i ||A_i^T u_i||^2 / alpha_i^2 <= ||u||^2. So for unit u
+//   ||(K + Q)^T u||^2 <= phi^2 sum_j ||z_j||^2 + sum_j e_j^2 ||u_j||^2 + 2 sum_j c_j ||z_j|| ||u_j||
+//                     <= phi^2 + theta max_j c_j + max_j (e_j^2 + c_j / theta)   (any theta > 0)
+// with c_j >= ||Phi E_j^T|| (2 z w <= theta z^2 + w^2 / theta). The keys' rows and the queries'
+// blocks are nearly orthogonal where the heads attend diffusely, and c_j << phi e_j there.
+UpperBound KeysAndQueriesUp(double phi, const std::vector<double>& e, const std::vector<double>& c) {
+  double e2_max = 0, c_max = 0;
+  for (size_t j = 0; j < e.size(); ++j) {
+    e2_max = std::max(e2_max, MulUp(e[j], e[j]));
+    c_max = std::max(c_max, c[j]);
+  }
+  if (!std::isfinite(phi) || !std::isfinite(e2_max) || !std::isfinite(c_max)) return UpperBound(kInf);
+  double best = kInf;
+  for (double theta = 1.0 / 16; theta <= 16; theta *= 2) {
+    double rest = 0;
+    for (size_t j = 0; j < e.size(); ++j) rest = std::max(rest, AddUp(MulUp(e[j], e[j]), DivUp(c[j], theta)));
+    best = std::min(best, AddUp(AddUp(MulUp(phi, phi), MulUp(theta, c_max)), rest));
+  }
+  return UpperBound(SqrtUp(best));
+}
 
 FactoredParts FactoredHeadsBound(const CentreState& S, const AttentionLayer& L, int threads, Deadline deadline) {
   FactoredParts out;
@@ -1370,6 +1402,12 @@ FactoredParts FactoredHeadsBound(const CentreState& S, const AttentionLayer& L, 
   }
   const double mb_f = NormFrobeniusUpper(bt_stack.mid).value(), rb_f = NormFrobeniusUpper(bt_stack.rad).value();
   std::vector<double> alpha(n, kInf), e_norm(n, kInf);
+  // For the cross term: every E_i's floating midpoint, a bound on its norm and on its
+  // distance to E_i (Frobenius), where they fit in memory.
+  const bool keep_e = double(n) * d * d * sizeof(double) <= kFactoredCrossBytes;
+  std::vector<Eigen::MatrixXd> e_mids(keep_e ? n : 0);
+  std::vector<double> e_mid_norm(n, kInf), e_dist(n, kInf);
+  const auto t_rows = std::chrono::steady_clock::now();
   ParallelFor(n, WorkerCount(threads, n), [&](int i, int) {
     if (Past(deadline)) return;
     IntervalMatrix a_stack(Eigen::MatrixXd::Zero(long(hs) * n, d), Eigen::MatrixXd::Zero(long(hs) * n, d));
@@ -1384,11 +1422,14 @@ FactoredParts FactoredHeadsBound(const CentreState& S, const AttentionLayer& L, 
     // E_i = a^T bt about fl(Ma^T Mb): one GEMM, its rounding (SumErrorF, |Ma|^T |Mb| <=
     // ||Ma||_F ||Mb||_F) and the radii norm-wise (|Ma|^T Rb + Ra^T |Mb| + Ra^T Rb).
     const double ma_f = NormFrobeniusUpper(a_stack.mid).value(), ra_f = NormFrobeniusUpper(a_stack.rad).value();
-    const Eigen::MatrixXd e_mid = a_stack.mid.transpose() * bt_stack.mid;
-    double e = NormL2UpperGram(e_mid, 1).value();
-    e = AddUp(e, SumErrorF(double(hs) * n, MulUp(ma_f, mb_f), d, d));
-    e_norm[i] = AddUp(e, AddUp(MulUp(ma_f, rb_f), MulUp(ra_f, AddUp(mb_f, rb_f))));
+    Eigen::MatrixXd e_mid = a_stack.mid.transpose() * bt_stack.mid;
+    e_mid_norm[i] = NormL2UpperGram(e_mid, 1).value();
+    e_dist[i] = AddUp(SumErrorF(double(hs) * n, MulUp(ma_f, mb_f), d, d),
+                      AddUp(MulUp(ma_f, rb_f), MulUp(ra_f, AddUp(mb_f, rb_f))));
+    e_norm[i] = AddUp(e_mid_norm[i], e_dist[i]);
+    if (keep_e) e_mids[i] = std::move(e_mid);
   });
+  const double rows_s = SecondsSince(t_rows);
   if (Past(deadline)) return out;
   out.queries = UpperBound(*std::max_element(e_norm.begin(), e_norm.end()));
   // The keys: Phi = [alpha_i g^h_i] over (h, i).
@@ -1399,7 +1440,8 @@ FactoredParts FactoredHeadsBound(const CentreState& S, const AttentionLayer& L, 
     g_stack.rad.middleRows(long(h) * n, n) = S.head[h].g.rad;
     for (int i = 0; i < n; ++i) scale[size_t(h) * n + i] = Interval(alpha[i]);
   }
-  out.keys = NormL2UpperGram(ScaleRows(g_stack, scale), threads);
+  const IntervalMatrix phi = ScaleRows(g_stack, scale);
+  const UpperBound phi_norm = NormL2UpperGram(phi, threads);
   // Or with Wo taken out: K = (I (x) Wo) [K_h]_h, K_h's blocks P_ij (v_j - vbar_i) g_i^T, so
   // ||K|| <= ||Wo|| ||Phi'||, Phi' the rows alpha^h_i g^h_i, alpha^h_i >= ||[P_ij (v_j - vbar_i)]_j||.
   std::vector<Interval> head_scale(size_t(hs) * n);
@@ -1411,7 +1453,35 @@ FactoredParts FactoredHeadsBound(const CentreState& S, const AttentionLayer& L, 
       head_scale[size_t(h) * n + i] = Interval(NormL2UpperGram(a, 1).value());
     }
   });
-  out.keys = Min(out.keys, MulNonneg(wo_norm, NormL2UpperGram(ScaleRows(g_stack, head_scale), threads)));
+  out.keys = Min(phi_norm, MulNonneg(wo_norm, NormL2UpperGram(ScaleRows(g_stack, head_scale), threads)));
+  // The keys and the queries with their cross term (KeysAndQueriesUp), where the rows' pass
+  // (the same GEMM and Gram per token) fits again before the deadline:
+  // ||Phi E_j^T|| <= ||fl(Phi_mid Em_j^T)|| + its rounding + ||Phi|| dist_j + ||Phi_rad||_F (||Em_j|| + dist_j).
+  // The tokens go in decreasing ||E_j||, a pair at a time, and stop where the c_j so far (the
+  // rest taken as 0, a lower value of the bound) already lose to keys + queries: sharp heads
+  // (MiniLM: 29.1 against 19.0 at N = 64).
+  if (keep_e && std::isfinite(phi_norm.value()) && 1.2 * rows_s < SecondsLeft(deadline)) {
+    const double phi_mid_f = NormFrobeniusUpper(phi.mid).value(), phi_rad_f = NormFrobeniusUpper(phi.rad).value();
+    const double separate = (out.keys + UpperBound(*std::max_element(e_norm.begin(), e_norm.end()))).value();
+    std::vector<int> order(n);
+    for (int j = 0; j < n; ++j) order[j] = j;
+    std::sort(order.begin(), order.end(), [&](int a, int b) { return e_norm[a] > e_norm[b]; });
+    std::vector<double> c(n, 0.0);
+    const int workers = WorkerCount(threads, n);
+    bool complete = true;
+    for (int t = 0; t < n && complete; t += workers) {
+      const int batch = std::min(workers, n - t);
+      ParallelFor(batch, batch, [&](int b, int) {
+        const int j = order[t + b];
+        const Eigen::MatrixXd prod = phi.mid * e_mids[j].transpose();
+        double cj = AddUp(NormL2UpperGram(prod, 1).value(),
+                          SumErrorF(d, MulUp(phi_mid_f, NormFrobeniusUpper(e_mids[j]).value()), double(hs) * n, d));
+        c[j] = AddUp(cj, AddUp(MulUp(phi_norm.value(), e_dist[j]), MulUp(phi_rad_f, AddUp(e_mid_norm[j], e_dist[j]))));
+      });
+      complete = !Past(deadline) && KeysAndQueriesUp(phi_norm.value(), e_norm, c).value() < separate;
+    }
+    if (complete) out.keys_and_queries = KeysAndQueriesUp(phi_norm.value(), e_norm, c);
+  }
   return out;
 }
 
@@ -1526,7 +1596,7 @@ UpperBound CentreJacobianNormUpperBound(const AttentionLayer& L, const Eigen::Ma
     factored = FactoredHeadsBound(S, L, o.threads, o.deadline);
     factored_s = SecondsSince(t_factored);
   }
-  const UpperBound factored_total = factored.value + factored.keys + factored.queries;
+  const UpperBound factored_total = factored.Total();
   CentreNormReport rep;
   UpperBound bound(kInf);
   if (Past(o.deadline)) {
@@ -1594,6 +1664,7 @@ UpperBound CentreJacobianNormUpperBound(const AttentionLayer& L, const Eigen::Ma
     rep.factored_value = factored.value.value();
     rep.factored_keys = factored.keys.value();
     rep.factored_queries = factored.queries.value();
+    rep.factored_keys_and_queries = factored.keys_and_queries.value();
     rep.factored_seconds = factored_s;
     if (std::isfinite(rep.factored) && !(bound.value() <= rep.factored)) {
       bound = factored_total;
@@ -1670,7 +1741,7 @@ namespace {
 // Seconds per (token pair x head x D^2) of the fused assembly (bench/centre_norm_bench).
 constexpr double kFusedAssemblySeconds = 5e-10;
 // Seconds per flop of the factored heads' per-token products (measured: FactoredHeadsBound).
-constexpr double kFactoredSecondsPerFlop = 1.0 / 3e10;
+constexpr double kFactoredSecondsPerFlop = 1.0 / 6e10;
 }  // namespace
 
 double CentreNormSecondsEstimate(const AttentionLayer& L, int tokens, const CentreNormOptions& o) {
@@ -1694,8 +1765,10 @@ bool FactoredHeadsApply(const AttentionLayer& L, const CentreNormOptions& o) {
 double FactoredHeadsSecondsEstimate(const AttentionLayer& L, int tokens) {
   const double n = tokens, d = L.d_model, h = L.heads;
   // Per query token: ||A_i|| (a D x D Gram of H N rows) and E_i (one GEMM of H N x D x D),
-  // both in double (measured 9.0 s at BERT-base size, 2 cores); then the heads' enclosure.
-  return kFactoredSecondsPerFlop * n * (4 * h * n * d * d) + kFusedAssemblySeconds * h * n * n * d;
+  // both in double, and for the cross term of the keys and queries ||Phi E_i^T|| (the same
+  // again); then the heads' enclosure. Measured at BERT-base size on the 2-core EPYC: 9.0
+  // s without the cross term, 15.2 s with it.
+  return kFactoredSecondsPerFlop * n * (8 * h * n * d * d) + kFusedAssemblySeconds * h * n * n * d;
 }
 
 double CentreNormMinimumSecondsEstimate(const AttentionLayer& L, int tokens, const CentreNormOptions& o) {

@@ -108,6 +108,8 @@ struct CentreNormReport {
   // The heads factored (above dense_limit, where they apply; +inf otherwise): the bound and
   // its three parts (values, keys, queries), and whether it is the one returned.
   double factored = kInf, factored_value = kInf, factored_keys = kInf, factored_queries = kInf;
+  double factored_keys_and_queries = kInf;  // >= ||K + Q|| with their cross term: the total
+                                            // is values + min(keys + queries, this)
   double factored_seconds = 0;
   bool factored_won = false;
   bool timed_out = false; // the deadline passed: the bound is +inf

@@ -475,9 +475,13 @@ EngineBound CentreNormBound(const AttentionLayer& L, const TokenCover& cover, co
   EngineBound out;
   out.upper = centre_norm + v.variation + ln_variation + anchor;
   out.centre_inf_row = inf ? inf_report.row : -1;
-  char factored_how[160];
-  std::snprintf(factored_how, sizeof factored_how, "heads factored: values %.4g + keys %.4g + queries %.4g",
-                report.factored_value, report.factored_keys, report.factored_queries);
+  char factored_how[200];
+  if (report.factored_keys_and_queries < report.factored_keys + report.factored_queries)
+    std::snprintf(factored_how, sizeof factored_how, "heads factored: values %.4g + keys and queries %.4g (cross term)",
+                  report.factored_value, report.factored_keys_and_queries);
+  else
+    std::snprintf(factored_how, sizeof factored_how, "heads factored: values %.4g + keys %.4g + queries %.4g",
+                  report.factored_value, report.factored_keys, report.factored_queries);
   const std::string how = inf                       ? "row sums of the enclosure"
                           : report.factored_won      ? std::string(factored_how)
                           : report.method == "dense" ? "dense Gram/Cholesky certificate"
