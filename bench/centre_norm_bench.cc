@@ -76,9 +76,10 @@ int main(int argc, char** argv) {
                 CentreNormSecondsEstimate(L, int(x0.rows()), o), rep.assembly_seconds, rep.gram.gram_seconds,
                 rep.gram.lanczos_seconds, rep.gram.cholesky_seconds, rep.gram.cholesky_attempts);
     if (std::isfinite(rep.factored))
-      std::printf("factored heads: %.6g = values %.6g + min(keys %.6g + queries %.6g, both with their cross term %.6g) "
-                  "in %.2f s (model %.2f s)%s\n", rep.factored, rep.factored_value, rep.factored_keys,
-                  rep.factored_queries, rep.factored_keys_and_queries, rep.factored_seconds,
+      std::printf("factored heads: %.6g = min(values %.6g + min(keys %.6g + queries %.6g, both with their cross term %.6g), "
+                  "all with the cross terms %.6g) in %.2f s (model %.2f s)%s\n", rep.factored, rep.factored_value,
+                  rep.factored_keys, rep.factored_queries, rep.factored_keys_and_queries, rep.factored_crossed,
+                  rep.factored_seconds,
                   FactoredHeadsSecondsEstimate(L, int(x0.rows())), rep.factored_won ? ", the bound returned" : "");
     if (rep.deflation_vectors > 0)
       std::printf("deflation: k=%d basis=%.2f s ||Y+D||<=%.6g ||E||<=%.6g coupling<=%.6g exact_blocks=%d\n",

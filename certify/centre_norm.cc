@@ -1320,7 +1320,8 @@ constexpr double kFactoredCrossBytes = 1.5e9;
 struct FactoredParts {
   UpperBound value{kInf}, keys{kInf}, queries{kInf};
   UpperBound keys_and_queries{kInf};  // >= ||K + Q||, with their cross term
-  UpperBound Total() const { return value + Min(keys + queries, keys_and_queries); }
+  UpperBound crossed{kInf};           // >= ||J||: the values' mean with K + Q, cross terms and all (PathsUp)
+  UpperBound Total() const { return Min(value + Min(keys + queries, keys_and_queries), crossed); }
 };
 
 // >= ||K + Q|| from Phi = [alpha_i g^h_i] (keys: ||Phi|| <= phi) and the queries' blocks E_j
@@ -1338,13 +1339,31 @@ UpperBound KeysAndQueriesUp(double phi, const std::vector<double>& e, const std:
     c_max = std::max(c_max, c[j]);
   }
   if (!std::isfinite(phi) || !std::isfinite(e2_max) || !std::isfinite(c_max)) return UpperBound(kInf);
-  double best = kInf;
+  double best = kInf;  // >= ||(K + Q)^T u||^2
   for (double theta = 1.0 / 16; theta <= 16; theta *= 2) {
     double rest = 0;
     for (size_t j = 0; j < e.size(); ++j) rest = std::max(rest, AddUp(MulUp(e[j], e[j]), DivUp(c[j], theta)));
     best = std::min(best, AddUp(AddUp(MulUp(phi, phi), MulUp(theta, c_max)), rest));
   }
   return UpperBound(SqrtUp(best));
+}
+
+// >= ||J|| with the values split as V = Vbar + Vs, Vbar = Pbar (x) W (W = sum_h W_h) and
+// ||Vs|| <= spread: column token j of Vbar^T u is W^T r_j, r_j = sum_i Pbar_ij u_i with
+// sum_j ||r_j||^2 <= ||Pbar||^2, and that of (K + Q)^T u is Phi^T z_j + E_j^T u_j
+// (KeysAndQueriesUp), so for unit u
+//   ||(Vbar + K + Q)^T u||^2 <= ||Vbar||^2 + ||K + Q||^2 + 2 sum_j ||r_j|| (x1 ||z_j|| + x2_j ||u_j||)
+//                            <= mean^2 + kq^2 + 2 ||Pbar|| (x1 + max_j x2_j),
+// with x1 >= ||W Phi^T||, x2_j >= ||W E_j^T||, mean >= ||Pbar|| ||W||, kq >= ||K + Q||; then
+// ||J|| <= that + spread. Random weights put W, the keys' rows and the queries' blocks in
+// nearly orthogonal directions (BERT-base size: ||Phi W^T|| = 4.78 against ||Phi|| ||W|| = 9.08).
+UpperBound PathsUp(UpperBound mean, UpperBound kq, UpperBound spread, UpperBound p_bar, double x1,
+                   const std::vector<double>& x2) {
+  const double x2_max = *std::max_element(x2.begin(), x2.end());
+  const double cross = MulUp(2.0, MulUp(p_bar.value(), AddUp(x1, x2_max)));
+  const double sq = AddUp(AddUp(MulUp(mean.value(), mean.value()), MulUp(kq.value(), kq.value())), cross);
+  if (!std::isfinite(sq)) return UpperBound(kInf);
+  return UpperBound(SqrtUp(sq)) + spread;
 }
 
 FactoredParts FactoredHeadsBound(const CentreState& S, const AttentionLayer& L, int threads, Deadline deadline) {
@@ -1391,7 +1410,8 @@ FactoredParts FactoredHeadsBound(const CentreState& S, const AttentionLayer& L, 
   };
   const UpperBound spread = Min(Min(MulNonneg(wo_wv, UpperBound(*std::max_element(dev_norm.begin(), dev_norm.end()))), spread_heads),
                                 scaled_pair(dev_norm));
-  const UpperBound mean = MulNonneg(NormL2UpperGram(p_bar, threads), NormL2UpperGram(w_sum, threads));
+  const UpperBound p_bar_norm = NormL2UpperGram(p_bar, threads), w_sum_norm = NormL2UpperGram(w_sum, threads);
+  const UpperBound mean = MulNonneg(p_bar_norm, w_sum_norm);
   out.value = Min(Min(mean + spread, MulNonneg(wo_wv, UpperBound(*std::max_element(p_norm.begin(), p_norm.end())))),
                   Min(whole_heads, scaled_pair(p_norm)));
   // Per query token i: alpha_i >= ||A_i|| and ||E_i||.
@@ -1454,33 +1474,48 @@ FactoredParts FactoredHeadsBound(const CentreState& S, const AttentionLayer& L, 
     }
   });
   out.keys = Min(phi_norm, MulNonneg(wo_norm, NormL2UpperGram(ScaleRows(g_stack, head_scale), threads)));
-  // The keys and the queries with their cross term (KeysAndQueriesUp), where the rows' pass
-  // (the same GEMM and Gram per token) fits again before the deadline:
-  // ||Phi E_j^T|| <= ||fl(Phi_mid Em_j^T)|| + its rounding + ||Phi|| dist_j + ||Phi_rad||_F (||Em_j|| + dist_j).
-  // The tokens go in decreasing ||E_j||, a pair at a time, and stop where the c_j so far (the
-  // rest taken as 0, a lower value of the bound) already lose to keys + queries: sharp heads
-  // (MiniLM: 29.1 against 19.0 at N = 64).
-  if (keep_e && std::isfinite(phi_norm.value()) && 1.2 * rows_s < SecondsLeft(deadline)) {
+  // The cross terms (KeysAndQueriesUp, PathsUp), where the rows' pass fits again before the
+  // deadline (per token the same GEMM and Gram, and a D x D GEMM and Gram for W E_j^T):
+  //   ||Phi E_j^T|| <= ||fl(Phi_mid Em_j^T)|| + its rounding + ||Phi|| dist_j + ||Phi_rad||_F (||Em_j|| + dist_j),
+  //   ||W E_j^T||   <= ||fl(W_mid Em_j^T)|| + its rounding + ||W|| dist_j + ||W_rad||_F ||E_j||,
+  //   ||W Phi^T||   <= ||fl(W_mid Phi_mid^T)|| + its rounding + ||W|| ||Phi_rad||_F + ||Phi|| ||W_rad||_F.
+  // The tokens go in decreasing ||E_j||, a pair at a time, and stop where the terms so far
+  // (the rest taken as 0, which gives lower values of both bounds) already lose to the
+  // paths summed: sharp heads (MiniLM: keys and queries 29.1 against 19.0 at N = 64).
+  if (keep_e && std::isfinite(phi_norm.value()) && 1.8 * rows_s < SecondsLeft(deadline)) {
     const double phi_mid_f = NormFrobeniusUpper(phi.mid).value(), phi_rad_f = NormFrobeniusUpper(phi.rad).value();
-    const double separate = (out.keys + UpperBound(*std::max_element(e_norm.begin(), e_norm.end()))).value();
+    const double w_mid_f = NormFrobeniusUpper(w_sum.mid).value(), w_rad_f = NormFrobeniusUpper(w_sum.rad).value();
+    const Eigen::MatrixXd w_phi = w_sum.mid * phi.mid.transpose();
+    double x1 = AddUp(NormL2UpperGram(w_phi, threads).value(), SumErrorF(d, MulUp(w_mid_f, phi_mid_f), d, double(hs) * n));
+    x1 = AddUp(x1, AddUp(MulUp(w_sum_norm.value(), phi_rad_f), MulUp(phi_norm.value(), w_rad_f)));
+    const UpperBound separate = out.keys + UpperBound(*std::max_element(e_norm.begin(), e_norm.end()));
+    const UpperBound summed = out.value + separate;
     std::vector<int> order(n);
     for (int j = 0; j < n; ++j) order[j] = j;
     std::sort(order.begin(), order.end(), [&](int a, int b) { return e_norm[a] > e_norm[b]; });
-    std::vector<double> c(n, 0.0);
+    std::vector<double> c(n, 0.0), x2(n, 0.0);
     const int workers = WorkerCount(threads, n);
-    bool complete = true;
-    for (int t = 0; t < n && complete; t += workers) {
+    UpperBound kq(kInf), crossed(kInf);
+    for (int t = 0; t < n; t += workers) {
       const int batch = std::min(workers, n - t);
       ParallelFor(batch, batch, [&](int b, int) {
         const int j = order[t + b];
-        const Eigen::MatrixXd prod = phi.mid * e_mids[j].transpose();
-        double cj = AddUp(NormL2UpperGram(prod, 1).value(),
-                          SumErrorF(d, MulUp(phi_mid_f, NormFrobeniusUpper(e_mids[j]).value()), double(hs) * n, d));
+        const double em_f = NormFrobeniusUpper(e_mids[j]).value();
+        const Eigen::MatrixXd phi_e = phi.mid * e_mids[j].transpose();
+        const double cj = AddUp(NormL2UpperGram(phi_e, 1).value(), SumErrorF(d, MulUp(phi_mid_f, em_f), double(hs) * n, d));
         c[j] = AddUp(cj, AddUp(MulUp(phi_norm.value(), e_dist[j]), MulUp(phi_rad_f, AddUp(e_mid_norm[j], e_dist[j]))));
+        const Eigen::MatrixXd w_e = w_sum.mid * e_mids[j].transpose();
+        const double xj = AddUp(NormL2UpperGram(w_e, 1).value(), SumErrorF(d, MulUp(w_mid_f, em_f), d, d));
+        x2[j] = AddUp(xj, AddUp(MulUp(w_sum_norm.value(), e_dist[j]), MulUp(w_rad_f, e_norm[j])));
       });
-      complete = !Past(deadline) && KeysAndQueriesUp(phi_norm.value(), e_norm, c).value() < separate;
+      kq = Min(separate, KeysAndQueriesUp(phi_norm.value(), e_norm, c));
+      crossed = PathsUp(mean, kq, spread, p_bar_norm, x1, x2);
+      if (Past(deadline) || !(Min(out.value + kq, crossed).value() < summed.value())) break;
+      if (t + batch >= n) {
+        out.keys_and_queries = KeysAndQueriesUp(phi_norm.value(), e_norm, c);
+        out.crossed = crossed;
+      }
     }
-    if (complete) out.keys_and_queries = KeysAndQueriesUp(phi_norm.value(), e_norm, c);
   }
   return out;
 }
@@ -1665,6 +1700,7 @@ UpperBound CentreJacobianNormUpperBound(const AttentionLayer& L, const Eigen::Ma
     rep.factored_keys = factored.keys.value();
     rep.factored_queries = factored.queries.value();
     rep.factored_keys_and_queries = factored.keys_and_queries.value();
+    rep.factored_crossed = factored.crossed.value();
     rep.factored_seconds = factored_s;
     if (std::isfinite(rep.factored) && !(bound.value() <= rep.factored)) {
       bound = factored_total;
@@ -1765,10 +1801,10 @@ bool FactoredHeadsApply(const AttentionLayer& L, const CentreNormOptions& o) {
 double FactoredHeadsSecondsEstimate(const AttentionLayer& L, int tokens) {
   const double n = tokens, d = L.d_model, h = L.heads;
   // Per query token: ||A_i|| (a D x D Gram of H N rows) and E_i (one GEMM of H N x D x D),
-  // both in double, and for the cross term of the keys and queries ||Phi E_i^T|| (the same
-  // again); then the heads' enclosure. Measured at BERT-base size on the 2-core EPYC: 9.0
-  // s without the cross term, 15.2 s with it.
-  return kFactoredSecondsPerFlop * n * (8 * h * n * d * d) + kFusedAssemblySeconds * h * n * n * d;
+  // both in double, and for the cross terms ||Phi E_i^T|| (the same again) and ||W E_i^T||
+  // (a D x D x D GEMM and Gram); then the heads' enclosure. Measured at BERT-base size on
+  // the 2-core EPYC: 9.0 s without the cross terms, 15.2 s with those of the keys and queries.
+  return kFactoredSecondsPerFlop * n * (8 * h * n * d * d + 4 * d * d * d) + kFusedAssemblySeconds * h * n * n * d;
 }
 
 double CentreNormMinimumSecondsEstimate(const AttentionLayer& L, int tokens, const CentreNormOptions& o) {

@@ -108,8 +108,10 @@ struct CentreNormReport {
   // The heads factored (above dense_limit, where they apply; +inf otherwise): the bound and
   // its three parts (values, keys, queries), and whether it is the one returned.
   double factored = kInf, factored_value = kInf, factored_keys = kInf, factored_queries = kInf;
-  double factored_keys_and_queries = kInf;  // >= ||K + Q|| with their cross term: the total
-                                            // is values + min(keys + queries, this)
+  double factored_keys_and_queries = kInf;  // >= ||K + Q|| with their cross term
+  double factored_crossed = kInf;  // >= ||J||: the values' mean, the keys and the queries with
+                                   // their cross terms, plus the values' spread. The bound is
+                                   // min(values + min(keys + queries, keys_and_queries), crossed).
   double factored_seconds = 0;
   bool factored_won = false;
   bool timed_out = false; // the deadline passed: the bound is +inf

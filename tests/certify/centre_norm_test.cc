@@ -235,8 +235,8 @@ TEST(CentreNormTest, DenseBoundIsExactAndSuperBlocksDominateIt) {
 TEST(CentreNormTest, FactoredHeadsDominateTheMpfrNorm) {
   mpfr::mpreal::set_default_prec(128);
   std::mt19937_64 rng(1409);
-  const int cases = int(80 * TestScale());
-  int checked = 0, single = 0;
+  const int cases = int(400 * TestScale());
+  int checked = 0, single = 0, crossed = 0, crossed_won = 0;
   double closest = kInf;
   for (int t = 0; t < cases; ++t) {
     RandomLayerOptions lo;
@@ -258,9 +258,15 @@ TEST(CentreNormTest, FactoredHeadsDominateTheMpfrNorm) {
     EXPECT_TRUE(rep.factored_won) << "case " << t;
     EXPECT_EQ(bound, rep.factored) << "case " << t;
     EXPECT_GE(bound, sigma * (1 - 1e-14)) << "case " << t;
-    EXPECT_GE(rep.factored, rep.factored_value + std::min(rep.factored_keys + rep.factored_queries,
-                                                          rep.factored_keys_and_queries))
+    EXPECT_GE(rep.factored, std::min(rep.factored_value + std::min(rep.factored_keys + rep.factored_queries,
+                                                                   rep.factored_keys_and_queries),
+                                     rep.factored_crossed))
         << "case " << t;
+    if (std::isfinite(rep.factored_crossed)) {  // the paths with their cross terms (PathsUp)
+      EXPECT_GE(rep.factored_crossed, sigma * (1 - 1e-14)) << "case " << t;
+      ++crossed;
+      crossed_won += rep.factored_crossed == bound;
+    }
     if (n == 1) {  // the values alone: ||sum_h W_h||
       EXPECT_LE(bound, sigma * (1 + 1e-9) + 1e-12) << "case " << t;
       ++single;
@@ -279,7 +285,11 @@ TEST(CentreNormTest, FactoredHeadsDominateTheMpfrNorm) {
   EXPECT_GE(checked, cases / 4);
   EXPECT_GE(single, 1);
   EXPECT_LE(closest, 1 + 1e-9);
+  EXPECT_GE(crossed, cases / 8);
+  EXPECT_GE(crossed_won, 1);
   RecordProperty("checked", std::to_string(checked));
+  RecordProperty("crossed", std::to_string(crossed));
+  RecordProperty("crossed_won", std::to_string(crossed_won));
 }
 
 // The keys' and queries' part of J(x0), K + Q = J - V with V_ij = sum_h P^h_ij Wo_h Wv_h (the
@@ -329,10 +339,12 @@ TEST(CentreNormTest, FactoredKeysAndQueriesDominateTheirMpfrNorm) {
     CentreJacobianNormUpperBound(L, x0, o, &rep);
     EXPECT_EQ(rep.method, "factored_heads") << "case " << t;
     const double separate = rep.factored_keys + rep.factored_queries;
-    if (!std::isfinite(rep.factored_keys_and_queries)) continue;  // it lost to keys + queries and stopped
+    if (!std::isfinite(rep.factored_keys_and_queries)) continue;  // the cross terms lost and stopped
     const double sigma = Sigma1(ReferenceKeysAndQueries(L, x0, o));
     EXPECT_GE(rep.factored_keys_and_queries, sigma * (1 - 1e-12)) << "case " << t;
-    EXPECT_GE(rep.factored, rep.factored_value + std::min(separate, rep.factored_keys_and_queries)) << "case " << t;
+    EXPECT_GE(rep.factored, std::min(rep.factored_value + std::min(separate, rep.factored_keys_and_queries),
+                                     rep.factored_crossed))
+        << "case " << t;
     won += rep.factored_keys_and_queries < separate;
     ++checked;
   }
