@@ -476,7 +476,12 @@ EngineBound CentreNormBound(const AttentionLayer& L, const TokenCover& cover, co
   out.upper = centre_norm + v.variation + ln_variation + anchor;
   out.centre_inf_row = inf ? inf_report.row : -1;
   char factored_how[200];
-  if (report.factored_keys_and_queries < report.factored_keys + report.factored_queries)
+  if (report.factored_crossed <= report.factored)
+    std::snprintf(factored_how, sizeof factored_how,
+                  "heads factored, the paths with their cross terms: %.4g (values alone %.4g, keys and queries %.4g)",
+                  report.factored_crossed, report.factored_value,
+                  std::min(report.factored_keys + report.factored_queries, report.factored_keys_and_queries));
+  else if (report.factored_keys_and_queries < report.factored_keys + report.factored_queries)
     std::snprintf(factored_how, sizeof factored_how, "heads factored: values %.4g + keys and queries %.4g (cross term)",
                   report.factored_value, report.factored_keys_and_queries);
   else
