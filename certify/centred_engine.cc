@@ -20,13 +20,28 @@ namespace lipcert {
 namespace {
 constexpr const char* kEngine = "centred";
 
+// The heads in their own coordinates (docs/engines.md): the layer with Wo = I (dot heads,
+// H dv = D) writes head h to coordinates h dv .. (h + 1) dv, so its rows' second
+// derivatives stack without the triangle inequality between heads, and
+// ||D^2 out|| <= ||Wo|| ||D^2 out'||. Its geometry, its factor bounds over the cover (s = 1)
+// and wo_norm >= ||Wo||_2.
+struct HeadsApart {
+  std::vector<HeadGeometry> geo;
+  std::vector<FactorBounds> full;
+  double wo_norm = kInf;
+};
+// Which second-order bound a node computes: T(1) chooses (both unrefined, the smaller
+// refined), the other nodes take T(1)'s choice.
+enum class SecondOrderRoute { kChoose, kSummed, kStacked };
+
 // sup ||D^2 out[U, U]|| over unit U and the z-cover scaled by s about zc (norm 2): the smaller
 // of the forms' bound (SecondOrderHeadUp: max_j sum_h ||column j of L_h|| + sum_h cross_h)
 // and the pairs-apart bound (SecondOrderSplitHeadUp, the moving token's own row as one
 // form over the heads, OwnRowUp, its columns refined, `threads` at a time, until
 // refine_until and for at most `share` of the time left before share.of once they start:
 // the factor bounds before them take seconds at BERT-base size, and a share counted before
-// them left the columns nothing). With F given, the heads' factor bounds over the full
+// them left the columns nothing); or, by *route, ||Wo|| times the pairs-apart bound of the
+// heads apart (HeadsApart, stacked). With F given, the heads' factor bounds over the full
 // cover (s = 1).
 struct ColumnsShare {
   double fraction = 1.0;
@@ -34,19 +49,36 @@ struct ColumnsShare {
 };
 double SecondOrderSupUp(const std::vector<HeadGeometry>& geo, const MhaInput& in, bool causal, double s, int threads,
                         std::chrono::steady_clock::time_point refine_until, ColumnsShare share = {},
-                        const std::vector<FactorBounds>* full = nullptr) {
+                        const std::vector<FactorBounds>* full = nullptr, const HeadsApart* apart = nullptr,
+                        SecondOrderRoute* route = nullptr) {
   Eigen::VectorXd rho = in.rho_z;
   for (Eigen::Index j = 0; j < rho.size(); ++j) rho(j) = MulUp(rho(j), s);
   const int heads = int(geo.size());
-  std::vector<SecondOrderHead> per_head(heads);
-  std::vector<SecondOrderSplitHead> split(heads);
-  std::vector<FactorBounds> factors(heads);
+  SecondOrderRoute r = apart && route ? *route : SecondOrderRoute::kSummed;
+  const bool summed = r != SecondOrderRoute::kStacked, stacked = r != SecondOrderRoute::kSummed;
+  std::vector<SecondOrderHead> per_head(summed ? heads : 0);
+  std::vector<SecondOrderSplitHead> split(summed ? heads : 0), split_apart(stacked ? heads : 0);
+  std::vector<FactorBounds> factors(summed ? heads : 0), factors_apart(stacked ? heads : 0);
   ParallelFor(heads, WorkerCount(threads, heads), [&](int h, int) {
-    factors[h] = full ? (*full)[h] : HeadFactorBounds(geo[h], rho, MulUp(in.joint_z, s), causal);
-    per_head[h] = SecondOrderHeadUp(geo[h], factors[h], rho, causal);
-    split[h] = SecondOrderSplitHeadUp(geo[h], factors[h], rho, causal);
+    if (summed) {
+      factors[h] = full ? (*full)[h] : HeadFactorBounds(geo[h], rho, MulUp(in.joint_z, s), causal);
+      per_head[h] = SecondOrderHeadUp(geo[h], factors[h], rho, causal);
+      split[h] = SecondOrderSplitHeadUp(geo[h], factors[h], rho, causal);
+    }
+    if (stacked) {
+      factors_apart[h] = full ? apart->full[h] : HeadFactorBounds(apart->geo[h], rho, MulUp(in.joint_z, s), causal);
+      split_apart[h] = SecondOrderSplitHeadUp(apart->geo[h], factors_apart[h], rho, causal);
+    }
   });
-  auto own_row = [&](int j, int t) { return OwnRowUp(geo, factors, rho, causal, j, t); };
+  if (r == SecondOrderRoute::kChoose) {
+    // The smaller unrefined column term is refined (the columns' time is T(1)'s largest
+    // part; the pairs have followed the columns: BERT-base size 0.58x both, MiniLM 1.07x
+    // and 1.9x).
+    const double summed_columns = SecondOrderSplitColumnTermUp(split, false);
+    const double stacked_columns = MulUp(apart->wo_norm, SecondOrderSplitColumnTermUp(split_apart, true));
+    r = stacked_columns < summed_columns ? SecondOrderRoute::kStacked : SecondOrderRoute::kSummed;
+    *route = r;
+  }
   const auto now = std::chrono::steady_clock::now();
   const auto columns_until =
       share.fraction < 1 && share.of != std::chrono::steady_clock::time_point::max()
@@ -54,6 +86,11 @@ double SecondOrderSupUp(const std::vector<HeadGeometry>& geo, const MhaInput& in
                                                               (share.of - now) * share.fraction)
                                                   : now)
           : refine_until;
+  if (r == SecondOrderRoute::kStacked) {
+    auto own_row = [&](int j, int t) { return OwnRowUp(apart->geo, factors_apart, rho, causal, j, t); };
+    return MulUp(apart->wo_norm, SecondOrderSplitColumnsUp(split_apart, own_row, columns_until, threads, true));
+  }
+  auto own_row = [&](int j, int t) { return OwnRowUp(geo, factors, rho, causal, j, t); };
   return std::min(SecondOrderColumnsUp(per_head), SecondOrderSplitColumnsUp(split, own_row, columns_until, threads));
 }
 
@@ -71,7 +108,7 @@ double SecondOrderSupUp(const std::vector<HeadGeometry>& geo, const MhaInput& in
 double SecondOrderVariationUp(const std::vector<HeadGeometry>& geo, const MhaInput& in, bool causal, double t_one,
                               double t_one_seconds, const BoundOptions& opts,
                               std::chrono::steady_clock::time_point refine_until, bool up_to_refine_until,
-                              int* node_count) {
+                              const HeadsApart* apart, SecondOrderRoute route, int* node_count) {
   std::vector<std::pair<double, double>> nodes = {{1.0, t_one}};  // (s, T(s))
   const bool timed = opts.deadline != std::chrono::steady_clock::time_point::max();
   const auto start = std::chrono::steady_clock::now();
@@ -92,7 +129,8 @@ double SecondOrderVariationUp(const std::vector<HeadGeometry>& geo, const MhaInp
       node_end = t0 + (budget_end - t0) / std::min(fit, long(order.size() - k));
     }
     // The cover scaled by s lies in the cover (scaled about its centre), so T(1) bounds T(s) too.
-    nodes.push_back({s, std::min(t_one, SecondOrderSupUp(geo, in, causal, s, opts.threads, node_end))});
+    nodes.push_back({s, std::min(t_one, SecondOrderSupUp(geo, in, causal, s, opts.threads, node_end, {}, nullptr, apart,
+                                                         &route))});
     last = std::chrono::steady_clock::now() - t0;
   }
   std::sort(nodes.begin(), nodes.end());
@@ -160,6 +198,18 @@ CentredVariation CentredVariationBound(const AttentionLayer& L, const TokenCover
   // the rounding widths alone.)
   const bool second_order = p == NormKind::kL2 && std::isfinite(in.joint_z) && in.joint_z > 0;
   std::vector<FactorBounds> over_cover(second_order ? L.heads : 0);  // per head, for the second order at s = 1
+  // The heads apart (HeadsApart): dot heads whose values fill D.
+  const bool apart_applies = second_order && L.kind == AttentionKind::kDot && L.heads * L.head_dim_v == L.d_model;
+  HeadsApart apart;
+  AttentionLayer own_coordinates;
+  if (apart_applies) {
+    own_coordinates = L;
+    own_coordinates.wo = Eigen::MatrixXd::Identity(L.d_model, L.d_model);
+    if (own_coordinates.bo.size()) own_coordinates.bo.setZero();
+    apart.geo.resize(L.heads);
+    apart.full.resize(L.heads);
+    apart.wo_norm = NormL2UpperGram(L.wo, opts.threads).value();
+  }
   geo.assign(L.heads, HeadGeometry{});
   centre.assign(L.heads, FactorBounds{});
   std::vector<HeadShare> shares(L.heads);
@@ -175,6 +225,10 @@ CentredVariation CentredVariationBound(const AttentionLayer& L, const TokenCover
     centre[h] = HeadFactorBounds(G, zero, 0.0, L.causal);
     const FactorBounds& F0 = centre[h];
     if (second_order) over_cover[h] = F;
+    if (apart_applies) {
+      apart.geo[h] = HeadGeometryAt(own_coordinates, h, in.zc, p);
+      apart.full[h] = HeadFactorBounds(apart.geo[h], in.rho_z, in.joint_z, L.causal);
+    }
     HeadShare& share = shares[h];
     share.full = Eigen::MatrixXd::Zero(n, n);
     share.rd = Eigen::MatrixXd::Zero(n, n);
@@ -271,13 +325,19 @@ CentredVariation CentredVariationBound(const AttentionLayer& L, const TokenCover
   const ColumnsShare t_one_share = up_to_refine_until ? ColumnsShare{0.5, refine_until} : ColumnsShare{0.2, opts.deadline};
   double second = kInf;
   if (second_order) {
-    const double t_one = SecondOrderSupUp(geo, in, L.causal, 1.0, opts.threads, refine_until, t_one_share, &over_cover);
+    SecondOrderRoute route = SecondOrderRoute::kChoose;
+    const HeadsApart* apart_or_null = apart_applies ? &apart : nullptr;
+    const double t_one = SecondOrderSupUp(geo, in, L.causal, 1.0, opts.threads, refine_until, t_one_share, &over_cover,
+                                          apart_or_null, &route);
+    v.heads_apart = route == SecondOrderRoute::kStacked;
     const double t_one_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - now).count();
     second = MulUp(ell_max, SecondOrderVariationUp(geo, in, L.causal, t_one, t_one_seconds, opts, refine_until,
-                                                   up_to_refine_until, &v.second_order_nodes));
+                                                   up_to_refine_until, apart_or_null, route, &v.second_order_nodes));
   }
   const double variation = std::min({split, joint, schur, second});
-  v.route = variation == second ? "variation sup ||J(X) - J(X0)|| (second order: radius x sup ||D^2 f||)"
+  v.route = variation == second ? (v.heads_apart ? "variation sup ||J(X) - J(X0)|| (second order: radius x sup ||D^2 f||, "
+                                                   "heads apart: ||Wo|| x their stacked rows)"
+                                                 : "variation sup ||J(X) - J(X0)|| (second order: radius x sup ||D^2 f||)")
             : variation == split ? "variation sup ||J(X) - J(X0)|| (value path + logit path)"
             : variation == joint ? "variation sup ||J(X) - J(X0)|| (joint block-bound norm)"
             : p == NormKind::kL2               ? "variation sup ||J(X) - J(X0)|| (row and column sums)"

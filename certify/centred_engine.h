@@ -53,6 +53,7 @@ struct CentredVariation {
   std::vector<HeadGeometry> geo;          // per head, at the centre
   std::vector<FactorBounds> centre;       // per head, factor bounds at the centre point
   int second_order_nodes = 0;             // nodes of the second order's integral (s = 1 included)
+  bool heads_apart = false;               // the second order took the heads apart (Wo = I, times ||Wo||)
   bool complete = false;
 };
 // The second order's optional refinements (T(1)'s columns, the nodes of the integral) end

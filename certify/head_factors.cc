@@ -897,20 +897,32 @@ double OwnRowUp(const std::vector<HeadGeometry>& geo, const std::vector<FactorBo
 
 double SecondOrderSplitColumnsUp(const std::vector<SecondOrderSplitHead>& heads,
                                  const std::function<double(int, int)>& own_row,
-                                 std::chrono::steady_clock::time_point refine_until, int threads) {
+                                 std::chrono::steady_clock::time_point refine_until, int threads, bool stacked) {
   if (heads.empty()) return 0.0;
   const int n = int(heads[0].lin.cols());
-  // ||d^2 out_i|| <= sum_h ||d^2 out_i^h||: the heads' rows add up before the norm over rows.
-  Eigen::MatrixXd lin = Eigen::MatrixXd::Zero(n, n), pairs = Eigen::MatrixXd::Zero(n, Eigen::Index(n) * n);
-  for (const SecondOrderSplitHead& h : heads) {
-    for (Eigen::Index e = 0; e < lin.size(); ++e) lin.data()[e] = AddUp(lin.data()[e], h.lin.data()[e]);
-    for (Eigen::Index e = 0; e < pairs.size(); ++e) pairs.data()[e] = AddUp(pairs.data()[e], h.pairs.data()[e]);
+  // Summed: ||d^2 out_i|| <= sum_h ||d^2 out_i^h||, the heads' rows add up before the norm
+  // over rows. Stacked: row (h, i) is head h's own (rows h n + i).
+  const Eigen::Index rows = stacked ? Eigen::Index(n) * Eigen::Index(heads.size()) : n;
+  Eigen::MatrixXd lin = Eigen::MatrixXd::Zero(rows, n), pairs = Eigen::MatrixXd::Zero(rows, Eigen::Index(n) * n);
+  for (size_t h = 0; h < heads.size(); ++h) {
+    if (stacked) {
+      lin.middleRows(Eigen::Index(h) * n, n) = heads[h].lin;
+      pairs.middleRows(Eigen::Index(h) * n, n) = heads[h].pairs;
+      continue;
+    }
+    for (Eigen::Index e = 0; e < lin.size(); ++e) lin.data()[e] = AddUp(lin.data()[e], heads[h].lin.data()[e]);
+    for (Eigen::Index e = 0; e < pairs.size(); ++e) pairs.data()[e] = AddUp(pairs.data()[e], heads[h].pairs.data()[e]);
   }
   // Single tokens: ||lin t||_2 is convex on the simplex, so at most its largest column norm.
-  Eigen::VectorXd norms(n);
+  // own2(j): the squares of column j's entries in the rows of token j.
+  Eigen::VectorXd norms(n), own2 = Eigen::VectorXd::Zero(n);
   for (int j = 0; j < n; ++j) {
     double s = 0;
-    for (int i = 0; i < n; ++i) s = AddUp(s, MulUp(lin(i, j), lin(i, j)));
+    for (Eigen::Index r = 0; r < rows; ++r) {
+      const double sq = MulUp(lin(r, j), lin(r, j));
+      s = AddUp(s, sq);
+      if (r % n == j) own2(j) = AddUp(own2(j), sq);
+    }
     norms(j) = SqrtUp(s);
   }
   double column = norms.maxCoeff();
@@ -934,10 +946,9 @@ double SecondOrderSplitColumnsUp(const std::vector<SecondOrderSplitHead>& heads,
       ParallelFor(batch, batch, [&](int b, int) { refined[b] = own_row(order[t + b], std::max(1, workers / batch)); });
       for (int b = 0; b < batch; ++b) {
         const int j = order[t + b];
-        const double own = std::min(lin(j, j), refined[b]);
-        double s = MulUp(own, own);
-        for (int i = 0; i < n; ++i)
-          if (i != j) s = AddUp(s, MulUp(lin(i, j), lin(i, j)));
+        double s = std::min(own2(j), MulUp(refined[b], refined[b]));
+        for (Eigen::Index r = 0; r < rows; ++r)
+          if (r % n != j) s = AddUp(s, MulUp(lin(r, j), lin(r, j)));
         best = std::max(best, std::min(norms(j), SqrtUp(s)));
       }
       t += batch;
@@ -960,12 +971,35 @@ double SecondOrderSplitColumnsUp(const std::vector<SecondOrderSplitHead>& heads,
   // `pairs` times vec X, so its norm is at most sqrt(lambda_max(pairs pairs^T)). The Gram's
   // entries are sums of n^2 nonnegative products: exact <= (fl + n^2 eta) / (1 - gamma_{n^2}).
   const double terms = double(n) * n;
-  const Eigen::MatrixXd gram_fl = pairs * pairs.transpose();
+  Eigen::MatrixXd gram_fl = Eigen::MatrixXd::Zero(rows, rows);
+  gram_fl.selfadjointView<Eigen::Lower>().rankUpdate(pairs);  // the lower half (each entry one dot product)
+  gram_fl.triangularView<Eigen::StrictlyUpper>() = gram_fl.transpose();
   const double shrink = SubDown(1.0, GammaUp(terms));
-  Eigen::MatrixXd gram(n, n);
-  for (int i = 0; i < n; ++i)
-    for (int l = 0; l < n; ++l) gram(i, l) = DivUp(AddUp(gram_fl(i, l), MulUp(terms, kEta)), shrink);
+  Eigen::MatrixXd gram(rows, rows);
+  for (Eigen::Index i = 0; i < rows; ++i)
+    for (Eigen::Index l = 0; l < rows; ++l) gram(i, l) = DivUp(AddUp(gram_fl(i, l), MulUp(terms, kEta)), shrink);
   return AddUp(column, SqrtUp(SpectralRadiusUpperNonneg(gram).value()));
+}
+
+double SecondOrderSplitColumnTermUp(const std::vector<SecondOrderSplitHead>& heads, bool stacked) {
+  if (heads.empty()) return 0.0;
+  const int n = int(heads[0].lin.cols());
+  double column = 0;
+  for (int j = 0; j < n; ++j) {
+    double s = 0;
+    if (stacked) {
+      for (const SecondOrderSplitHead& h : heads)
+        for (int i = 0; i < n; ++i) s = AddUp(s, MulUp(h.lin(i, j), h.lin(i, j)));
+    } else {
+      for (int i = 0; i < n; ++i) {
+        double e = 0;
+        for (const SecondOrderSplitHead& h : heads) e = AddUp(e, h.lin(i, j));
+        s = AddUp(s, MulUp(e, e));
+      }
+    }
+    column = std::max(column, SqrtUp(s));
+  }
+  return column;
 }
 
 double SecondOrderColumnsUp(const std::vector<SecondOrderHead>& heads) {

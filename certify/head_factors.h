@@ -194,11 +194,19 @@ double OwnRowUp(const std::vector<HeadGeometry>& geo, const std::vector<FactorBo
 // threads, e.g. by OwnRowUp), the largest columns are refined with it until refine_until,
 // `threads` columns at a time (own_row is then called concurrently). Without a deadline
 // the bound does not depend on `threads`.
+// stacked: the heads' rows are stacked (N H rows, head h's row i at h N + i) instead of
+// summed: the bound on ||d^2 out|| where the heads write to orthogonal coordinates (the
+// layer with Wo = I, docs/engines.md, "The heads in their own coordinates"); own_row then
+// replaces all of token j's rows of column j.
 double SecondOrderSplitColumnsUp(const std::vector<SecondOrderSplitHead>& heads,
                                  const std::function<double(int, int)>& own_row = nullptr,
                                  std::chrono::steady_clock::time_point refine_until =
                                      std::chrono::steady_clock::time_point::max(),
-                                 int threads = 1);
+                                 int threads = 1, bool stacked = false);
+
+// The column term of SecondOrderSplitColumnsUp alone, unrefined (max_j ||column j||), summed
+// or stacked: what decides between the two (the pairs follow it).
+double SecondOrderSplitColumnTermUp(const std::vector<SecondOrderSplitHead>& heads, bool stacked);
 
 // >= ||P||_p for every attention matrix P below p_hi (rows on the simplex).
 double ProbabilityNormUp(const Eigen::MatrixXd& p_hi, NormKind p);

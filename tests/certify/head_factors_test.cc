@@ -4,6 +4,7 @@
 
 #include "certify/head_factors.h"
 
+#include "certify/centre_norm.h"
 #include "certify/input_set.h"
 #include "certify/layer_norm_cover.h"
 #include "models/forward.h"
@@ -315,6 +316,87 @@ TEST(HeadFactorsTest, SplitSecondOrderBoundsTheSecondDerivative) {
   EXPECT_GT(l2, 0);
   EXPECT_GT(causal, 0);
   EXPECT_GT(refined, 0);
+}
+
+// The heads apart (the engines' stacked route): with Wo = I the heads write to their own
+// coordinates, so ||d^2 f|| <= ||Wo|| times the stacked bound of that layer
+// (SecondOrderSplitColumnsUp(..., stacked = true), own rows refined by OwnRowUp there).
+// Dot layers with sharp rows, values redrawn to fill D (H dv = D), causal masks included:
+// above the MPFR second derivative of the layer itself at points of the set, the same for
+// 1 and 2 threads, and below the summed bound on some cases.
+TEST(HeadFactorsTest, StackedSecondOrderBoundsTheSecondDerivative) {
+  mpfr::mpreal::set_default_prec(256);
+  std::mt19937_64 rng(20261208);
+  std::normal_distribution<double> gauss(0.0, 1.0);
+  const int cases = int(60 * TestScale());
+  int checked = 0, below_summed = 0, causal = 0, layers = 0;
+  double closest = kInf;  // the smallest bound / sampled worst
+  for (int t = 0; t < cases; ++t) {
+    AttentionLayer L = SharpLayerWithoutLayerNorm(rng);
+    if (L.kind != AttentionKind::kDot || L.d_model % L.heads != 0) continue;
+    // The value side redrawn with dv = D / H.
+    const int d = L.d_model;
+    L.head_dim_v = d / L.heads;
+    L.wv = Eigen::MatrixXd(d, d);
+    L.wo = Eigen::MatrixXd(d, d);
+    // Wo scaled by 2 to 6: the factor ||Wo|| is well above the bound's slack.
+    const double wo_scale = std::uniform_real_distribution<double>(2.0, 6.0)(rng);
+    for (Eigen::Index e = 0; e < L.wv.size(); ++e) L.wv.data()[e] = gauss(rng) / std::sqrt(double(d));
+    for (Eigen::Index e = 0; e < L.wo.size(); ++e) L.wo.data()[e] = wo_scale * gauss(rng) / std::sqrt(double(d));
+    if (L.bv.size()) L.bv = 0.1 * Eigen::VectorXd::NullaryExpr(d, [&] { return gauss(rng); });
+    ++layers;
+    causal += L.causal;
+    InputSet set = RandomSet(rng, std::uniform_int_distribution<int>(2, 4)(rng), d);
+    if (t % 4 == 0) set.radius = 0;
+    const int n = set.tokens();
+    AttentionLayer own = L;
+    own.wo = Eigen::MatrixXd::Identity(d, d);
+    if (own.bo.size()) own.bo.setZero();
+    const MhaInput in = MhaInputOver(L, CoverOf(set), NormKind::kL2);
+    std::vector<SecondOrderSplitHead> heads, summed;
+    std::vector<HeadGeometry> geo;
+    std::vector<FactorBounds> factors;
+    for (int h = 0; h < L.heads; ++h) {
+      geo.push_back(HeadGeometryAt(own, h, in.zc, NormKind::kL2));
+      factors.push_back(HeadFactorBounds(geo.back(), in.rho_z, in.joint_z, L.causal));
+      heads.push_back(SecondOrderSplitHeadUp(geo.back(), factors.back(), in.rho_z, L.causal));
+      const HeadGeometry g = HeadGeometryAt(L, h, in.zc, NormKind::kL2);
+      summed.push_back(SecondOrderSplitHeadUp(g, HeadFactorBounds(g, in.rho_z, in.joint_z, L.causal), in.rho_z, L.causal));
+    }
+    const double wo = NormL2UpperGram(L.wo, 1).value();
+    const auto own_row = [&](int j, int threads) { return OwnRowUp(geo, factors, in.rho_z, L.causal, j, threads); };
+    const auto never = std::chrono::steady_clock::time_point::max();
+    const double stacked = SecondOrderSplitColumnsUp(heads, own_row, never, 1, true);
+    ASSERT_TRUE(std::isfinite(stacked)) << "case " << t;
+    EXPECT_EQ(SecondOrderSplitColumnsUp(heads, own_row, never, 2, true), stacked) << "case " << t;
+    EXPECT_LE(stacked, SecondOrderSplitColumnsUp(heads, nullptr, never, 1, true)) << "case " << t;
+    const double bound = MulUp(wo, stacked);
+    below_summed += bound < SecondOrderSplitColumnsUp(summed);
+    std::vector<Eigen::MatrixXd> points = set.radius == 0 ? std::vector<Eigen::MatrixXd>{set.center} : CoverPoints(rng, set, 2);
+    double best = 0;
+    for (const Eigen::MatrixXd& x : points)
+      for (int k = 0; k < 3; ++k) {
+        Eigen::MatrixXd u(n, d);
+        for (Eigen::Index e = 0; e < u.size(); ++e) u.data()[e] = gauss(rng);
+        const int a = int(rng() % n), b = (a + 1) % n;  // k = 0: all tokens; 1: token a; 2: tokens a and b
+        for (int r = 0; r < n; ++r)
+          if ((k == 1 && r != a) || (k == 2 && r != a && r != b)) u.row(r).setZero();
+        u /= u.norm();
+        const double d2 = SecondDerivativeMp(L, x, u).norm();
+        EXPECT_LE(d2 * (1 - 1e-9), bound + 1e-25) << "case " << t;
+        best = std::max(best, d2);
+        ++checked;
+      }
+    closest = std::min(closest, bound / best);
+  }
+  RecordProperty("closest", std::to_string(closest));
+  EXPECT_GT(layers, cases / 8);
+  EXPECT_GT(checked, 3 * layers);
+  EXPECT_GT(below_summed, 0);
+  EXPECT_GT(causal, 0);
+  EXPECT_LT(closest, 3.0);  // within 3x of a sampled direction somewhere: not vacuous
+  RecordProperty("layers", std::to_string(layers));
+  RecordProperty("below_summed", std::to_string(below_summed));
 }
 
 // The moving token's own row as one form over the heads (OwnRowUp) bounds row j of
