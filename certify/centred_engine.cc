@@ -31,8 +31,9 @@ struct HeadsApart {
   double wo_norm = kInf;
 };
 // Which second-order bound a node computes: T(1) chooses (both unrefined, the smaller
-// refined), the other nodes take T(1)'s choice.
+// refined, or both refined where they are close and small), the other nodes take T(1)'s choice.
 enum class SecondOrderRoute { kChoose, kSummed, kStacked };
+constexpr double kRefineBothUpTo = 16384;  // N D
 
 // sup ||D^2 out[U, U]|| over unit U and the z-cover scaled by s about zc (norm 2): the smaller
 // of the forms' bound (SecondOrderHeadUp: max_j sum_h ||column j of L_h|| + sum_h cross_h)
@@ -58,26 +59,31 @@ double SecondOrderSupUp(const std::vector<HeadGeometry>& geo, const MhaInput& in
   const bool summed = r != SecondOrderRoute::kStacked, stacked = r != SecondOrderRoute::kSummed;
   std::vector<SecondOrderHead> per_head(summed ? heads : 0);
   std::vector<SecondOrderSplitHead> split(summed ? heads : 0), split_apart(stacked ? heads : 0);
-  std::vector<FactorBounds> factors(summed ? heads : 0), factors_apart(stacked ? heads : 0);
+  std::vector<FactorBounds> factors(heads), factors_apart(stacked ? heads : 0);
   ParallelFor(heads, WorkerCount(threads, heads), [&](int h, int) {
+    factors[h] = full ? (*full)[h] : HeadFactorBounds(geo[h], rho, MulUp(in.joint_z, s), causal);
     if (summed) {
-      factors[h] = full ? (*full)[h] : HeadFactorBounds(geo[h], rho, MulUp(in.joint_z, s), causal);
       per_head[h] = SecondOrderHeadUp(geo[h], factors[h], rho, causal);
       split[h] = SecondOrderSplitHeadUp(geo[h], factors[h], rho, causal);
     }
-    if (stacked) {
-      factors_apart[h] = full ? apart->full[h] : HeadFactorBounds(apart->geo[h], rho, MulUp(in.joint_z, s), causal);
+    if (stacked) {  // the same softmax ranges and logit factors, the values' own
+      factors_apart[h] = full ? apart->full[h] : WithValuesOf(apart->geo[h], factors[h], rho, causal);
       split_apart[h] = SecondOrderSplitHeadUp(apart->geo[h], factors_apart[h], rho, causal);
     }
   });
   if (r == SecondOrderRoute::kChoose) {
-    // The smaller unrefined column term is refined (the columns' time is T(1)'s largest
-    // part; the pairs have followed the columns: BERT-base size 0.58x both, MiniLM 1.07x
-    // and 1.9x).
-    const double summed_columns = SecondOrderSplitColumnTermUp(split, false);
-    const double stacked_columns = MulUp(apart->wo_norm, SecondOrderSplitColumnTermUp(split_apart, true));
-    r = stacked_columns < summed_columns ? SecondOrderRoute::kStacked : SecondOrderRoute::kSummed;
+    // Both unrefined; the smaller is refined (the columns' time is T(1)'s largest part).
+    const double summed_plain = std::min(SecondOrderColumnsUp(per_head), SecondOrderSplitColumnsUp(split));
+    const double stacked_plain = MulUp(apart->wo_norm, SecondOrderSplitColumnsUp(
+                                                           split_apart, nullptr, std::chrono::steady_clock::time_point::max(),
+                                                           threads, /*stacked=*/true));
+    r = stacked_plain < summed_plain ? SecondOrderRoute::kStacked : SecondOrderRoute::kSummed;
     *route = r;
+    // Unrefined, the two can rank the other way round from refined (the zoo's dot layers
+    // at 0.1%: the heads apart lower, then above by 3-10%): below N D = kRefineBothUpTo,
+    // where the columns take little time, and within 1.5x, both are refined.
+    const double ratio = std::max(summed_plain, stacked_plain) / std::min(summed_plain, stacked_plain);
+    if (ratio < 1.5 && double(rho.size()) * double(geo[0].b.mid.cols()) <= kRefineBothUpTo) r = SecondOrderRoute::kChoose;
   }
   const auto now = std::chrono::steady_clock::now();
   const auto columns_until =
@@ -86,12 +92,17 @@ double SecondOrderSupUp(const std::vector<HeadGeometry>& geo, const MhaInput& in
                                                               (share.of - now) * share.fraction)
                                                   : now)
           : refine_until;
-  if (r == SecondOrderRoute::kStacked) {
+  double apart_bound = kInf, summed_bound = kInf;
+  if (r != SecondOrderRoute::kSummed) {
     auto own_row = [&](int j, int t) { return OwnRowUp(apart->geo, factors_apart, rho, causal, j, t); };
-    return MulUp(apart->wo_norm, SecondOrderSplitColumnsUp(split_apart, own_row, columns_until, threads, true));
+    apart_bound = MulUp(apart->wo_norm, SecondOrderSplitColumnsUp(split_apart, own_row, columns_until, threads, true));
   }
-  auto own_row = [&](int j, int t) { return OwnRowUp(geo, factors, rho, causal, j, t); };
-  return std::min(SecondOrderColumnsUp(per_head), SecondOrderSplitColumnsUp(split, own_row, columns_until, threads));
+  if (r != SecondOrderRoute::kStacked) {
+    auto own_row = [&](int j, int t) { return OwnRowUp(geo, factors, rho, causal, j, t); };
+    summed_bound = std::min(SecondOrderColumnsUp(per_head), SecondOrderSplitColumnsUp(split, own_row, columns_until, threads));
+  }
+  if (r == SecondOrderRoute::kChoose) *route = apart_bound < summed_bound ? SecondOrderRoute::kStacked : SecondOrderRoute::kSummed;
+  return std::min(apart_bound, summed_bound);
 }
 
 // The second-order variation (docs/engines.md, "Second-order variation"): along the segment
@@ -227,7 +238,7 @@ CentredVariation CentredVariationBound(const AttentionLayer& L, const TokenCover
     if (second_order) over_cover[h] = F;
     if (apart_applies) {
       apart.geo[h] = HeadGeometryAt(own_coordinates, h, in.zc, p);
-      apart.full[h] = HeadFactorBounds(apart.geo[h], in.rho_z, in.joint_z, L.causal);
+      apart.full[h] = WithValuesOf(apart.geo[h], F, in.rho_z, L.causal);
     }
     HeadShare& share = shares[h];
     share.full = Eigen::MatrixXd::Zero(n, n);

@@ -365,6 +365,36 @@ static Eigen::MatrixXd AnchoredMeanDistanceUp(const HeadGeometry& G, const Inter
   return out;
 }
 
+// The value side of F (a_sup, pa) from G's values, over F's softmax ranges.
+static void FillValueSide(const HeadGeometry& G, const Eigen::VectorXd& rho, bool causal, FactorBounds* F) {
+  const int n = int(rho.size());
+  F->a_sup.resize(n, n);
+  F->pa.resize(n, n);
+  Eigen::MatrixXd du(n, n);
+  for (int j = 0; j < n; ++j)
+    for (int k = 0; k < n; ++k) du(j, k) = j == k ? 0.0 : AddUp(G.du(j, k), MulUp(G.c_u, AddUp(rho(j), rho(k))));
+  // Row j of du serves every query row i: sorted once.
+  const std::vector<std::vector<int>> du_orders = DescendingRowOrders(du);
+  // The anchored spreads need the centre's weights for the same mask (HeadGeometryAt's).
+  const bool anchored = G.causal == causal && G.anchor_w.rows() == n;
+  const Eigen::MatrixXd a_anchored =
+      anchored ? AnchoredMeanDistanceUp(G, G.u, G.a_anchor, G.du, G.c_u, G.u_norm, rho, causal, *F)
+               : Eigen::MatrixXd::Constant(n, n, kInf);
+  for (int i = 0; i < n; ++i) {
+    const int len = causal ? i + 1 : n;
+    for (int j = 0; j < n; ++j) {
+      if (j >= len) {
+        F->a_sup(i, j) = F->pa(i, j) = 0;
+        continue;
+      }
+      F->a_sup(i, j) = std::min(MeanDistanceUp(F->p_hi, du, i, j, len, du_orders), a_anchored(i, j));
+      // P_ij ||a_ij|| = P_ij ||sum_{k != j} P_ik (u_j - u_k)|| <= P_ij (1 - P_ij) max_{k != j} d_jk.
+      const double pq = MaxOfPTimesOneMinusP(F->p_lo(i, j), F->p_hi(i, j));
+      F->pa(i, j) = std::min(MulUp(F->p_hi(i, j), F->a_sup(i, j)), MulUp(pq, du.row(j).head(len).maxCoeff()));
+    }
+  }
+}
+
 FactorBounds HeadFactorBounds(const HeadGeometry& G, const Eigen::VectorXd& rho, double joint, bool causal) {
   const int n = int(rho.size());
   FactorBounds F;
@@ -372,26 +402,18 @@ FactorBounds HeadFactorBounds(const HeadGeometry& G, const Eigen::VectorXd& rho,
   LogitBox(G, rho, &lo, &hi);
   SoftmaxRows(lo, hi, causal, &F.p_lo, &F.p_hi);
   if (rho.maxCoeff() > 0) TightenByTangent(G, rho, joint, causal, lo, hi, &F);
-  // Distances over the cover.
-  F.a_sup.resize(n, n);
-  F.pa.resize(n, n);
+  // Distances over the cover: the logit side (g, b), then the values'.
   F.g_sup.resize(n, n);
   F.b_sup.resize(n, n);
-  Eigen::MatrixXd du(n, n), db(n, n), dg(n, n);
+  Eigen::MatrixXd db(n, n), dg(n, n);
   for (int j = 0; j < n; ++j)
     for (int k = 0; k < n; ++k) {
-      du(j, k) = AddUp(G.du(j, k), MulUp(G.c_u, AddUp(rho(j), rho(k))));
       db(j, k) = AddUp(G.db(j, k), MulUp(G.c_b, AddUp(rho(j), rho(k))));
       if (!G.dot) dg(j, k) = AddUp(G.dg(j, k), MulUp(G.c_g, AddUp(rho(j), rho(k))));
     }
-  for (int j = 0; j < n; ++j) du(j, j) = db(j, j) = dg(j, j) = 0;  // a token's distance to itself
-  // Row j of du (db) serves every query row i: sorted once.
-  const std::vector<std::vector<int>> du_orders = DescendingRowOrders(du), db_orders = DescendingRowOrders(db);
-  // The anchored spreads need the centre's weights for the same mask (HeadGeometryAt's).
+  for (int j = 0; j < n; ++j) db(j, j) = dg(j, j) = 0;  // a token's distance to itself
+  const std::vector<std::vector<int>> db_orders = DescendingRowOrders(db);
   const bool anchored = G.causal == causal && G.anchor_w.rows() == n;
-  const Eigen::MatrixXd a_anchored =
-      anchored ? AnchoredMeanDistanceUp(G, G.u, G.a_anchor, G.du, G.c_u, G.u_norm, rho, causal, F)
-               : Eigen::MatrixXd::Constant(n, n, kInf);
   const Eigen::MatrixXd b_anchored =
       anchored ? AnchoredMeanDistanceUp(G, G.b, G.b_anchor, G.db, G.c_b, G.b_norm, rho, causal, F)
                : Eigen::MatrixXd::Constant(n, n, kInf);
@@ -399,13 +421,9 @@ FactorBounds HeadFactorBounds(const HeadGeometry& G, const Eigen::VectorXd& rho,
     const int len = causal ? i + 1 : n;
     for (int j = 0; j < n; ++j) {
       if (j >= len) {
-        F.a_sup(i, j) = F.g_sup(i, j) = F.b_sup(i, j) = F.pa(i, j) = 0;
+        F.g_sup(i, j) = F.b_sup(i, j) = 0;
         continue;
       }
-      F.a_sup(i, j) = std::min(MeanDistanceUp(F.p_hi, du, i, j, len, du_orders), a_anchored(i, j));
-      // P_ij ||a_ij|| = P_ij ||sum_{k != j} P_ik (u_j - u_k)|| <= P_ij (1 - P_ij) max_{k != j} d_jk.
-      const double pq = MaxOfPTimesOneMinusP(F.p_lo(i, j), F.p_hi(i, j));
-      F.pa(i, j) = std::min(MulUp(F.p_hi(i, j), F.a_sup(i, j)), MulUp(pq, du.row(j).head(len).maxCoeff()));
       const double bmean = std::min(MeanDistanceUp(F.p_hi, db, i, j, len, db_orders), b_anchored(i, j));
       if (G.dot) {
         F.g_sup(i, j) = AddUp(G.g_norm(i), MulUp(G.c_g, rho(i)));
@@ -416,7 +434,14 @@ FactorBounds HeadFactorBounds(const HeadGeometry& G, const Eigen::VectorXd& rho,
       }
     }
   }
+  FillValueSide(G, rho, causal, &F);
   return F;
+}
+
+FactorBounds WithValuesOf(const HeadGeometry& values, const FactorBounds& F, const Eigen::VectorXd& rho, bool causal) {
+  FactorBounds out = F;
+  FillValueSide(values, rho, causal, &out);
+  return out;
 }
 
 // ||P (x) W||_p <= ||P||_p ||W||_p, and P's rows sum to one: ||P||_inf = 1, so also

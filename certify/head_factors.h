@@ -112,6 +112,11 @@ void TightenByTangent(const HeadGeometry& G, const Eigen::VectorXd& rho, double 
 // All factor bounds of head G over the cover (rho, joint); rho = 0 gives the centre's.
 FactorBounds HeadFactorBounds(const HeadGeometry& G, const Eigen::VectorXd& rho, double joint, bool causal);
 
+// F (HeadFactorBounds of a geometry with the same queries and keys) with its value side
+// (a_sup, pa) from the geometry `values`: the same head with another Wo (the heads apart,
+// Wo = I), whose softmax ranges and logit factors are F's.
+FactorBounds WithValuesOf(const HeadGeometry& values, const FactorBounds& F, const Eigen::VectorXd& rho, bool causal);
+
 // Norm 2, row i: upper bounds on sum_k P_ik ||a_ik||^2 and sum_k P_ik ||b_ik||^2 over the
 // cover (the row's spreads), so that
 //   ||E_i|| <= sum_k P_ik ||a_ik|| ||b_ik|| <= (a2 b2)^1/2  and
