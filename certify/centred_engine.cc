@@ -59,31 +59,43 @@ double SecondOrderSupUp(const std::vector<HeadGeometry>& geo, const MhaInput& in
   const bool summed = r != SecondOrderRoute::kStacked, stacked = r != SecondOrderRoute::kSummed;
   std::vector<SecondOrderHead> per_head(summed ? heads : 0);
   std::vector<SecondOrderSplitHead> split(summed ? heads : 0), split_apart(stacked ? heads : 0);
-  std::vector<FactorBounds> factors(heads), factors_apart(stacked ? heads : 0);
+  std::vector<FactorBounds> factors(summed ? heads : 0), factors_apart(stacked ? heads : 0);
   ParallelFor(heads, WorkerCount(threads, heads), [&](int h, int) {
-    factors[h] = full ? (*full)[h] : HeadFactorBounds(geo[h], rho, MulUp(in.joint_z, s), causal);
     if (summed) {
+      factors[h] = full ? (*full)[h] : HeadFactorBounds(geo[h], rho, MulUp(in.joint_z, s), causal);
       per_head[h] = SecondOrderHeadUp(geo[h], factors[h], rho, causal);
       split[h] = SecondOrderSplitHeadUp(geo[h], factors[h], rho, causal);
     }
-    if (stacked) {  // the same softmax ranges and logit factors, the values' own
-      factors_apart[h] = full ? apart->full[h] : WithValuesOf(apart->geo[h], factors[h], rho, causal);
+    if (stacked) {  // with both, the same softmax ranges and logit factors, the values' own
+      factors_apart[h] = full     ? apart->full[h]
+                         : summed ? WithValuesOf(apart->geo[h], factors[h], rho, causal)
+                                  : HeadFactorBounds(apart->geo[h], rho, MulUp(in.joint_z, s), causal);
       split_apart[h] = SecondOrderSplitHeadUp(apart->geo[h], factors_apart[h], rho, causal);
     }
   });
   if (r == SecondOrderRoute::kChoose) {
-    // Both unrefined; the smaller is refined (the columns' time is T(1)'s largest part).
-    const double summed_plain = std::min(SecondOrderColumnsUp(per_head), SecondOrderSplitColumnsUp(split));
-    const double stacked_plain = MulUp(apart->wo_norm, SecondOrderSplitColumnsUp(
-                                                           split_apart, nullptr, std::chrono::steady_clock::time_point::max(),
-                                                           threads, /*stacked=*/true));
-    r = stacked_plain < summed_plain ? SecondOrderRoute::kStacked : SecondOrderRoute::kSummed;
+    // Above N D = kRefineBothUpTo, the smaller unrefined column term is refined (the
+    // columns' time is T(1)'s largest part, and the pairs have followed the columns:
+    // BERT-base size 0.58x both, MiniLM 1.07x and 1.9x; computing the pairs here as well
+    // cost BERT-base size its refined node at 1/2, 48.76 -> 59.68 at 0.1%). Below it the
+    // whole unrefined bounds decide, and where they are within 1.5x both are refined:
+    // unrefined, the two can rank the other way round from refined (the zoo's dot layers
+    // at 0.1%: the heads apart lower, then 1-10% above).
+    if (double(rho.size()) * double(geo[0].b.mid.cols()) > kRefineBothUpTo) {
+      const double summed_columns = SecondOrderSplitColumnTermUp(split, false);
+      const double stacked_columns = MulUp(apart->wo_norm, SecondOrderSplitColumnTermUp(split_apart, true));
+      r = stacked_columns < summed_columns ? SecondOrderRoute::kStacked : SecondOrderRoute::kSummed;
+    } else {
+      const double summed_plain = std::min(SecondOrderColumnsUp(per_head), SecondOrderSplitColumnsUp(split));
+      const double stacked_plain = MulUp(apart->wo_norm, SecondOrderSplitColumnsUp(
+                                                             split_apart, nullptr, std::chrono::steady_clock::time_point::max(),
+                                                             threads, /*stacked=*/true));
+      const double ratio = std::max(summed_plain, stacked_plain) / std::min(summed_plain, stacked_plain);
+      r = ratio < 1.5                      ? SecondOrderRoute::kChoose
+          : stacked_plain < summed_plain ? SecondOrderRoute::kStacked
+                                         : SecondOrderRoute::kSummed;
+    }
     *route = r;
-    // Unrefined, the two can rank the other way round from refined (the zoo's dot layers
-    // at 0.1%: the heads apart lower, then above by 3-10%): below N D = kRefineBothUpTo,
-    // where the columns take little time, and within 1.5x, both are refined.
-    const double ratio = std::max(summed_plain, stacked_plain) / std::min(summed_plain, stacked_plain);
-    if (ratio < 1.5 && double(rho.size()) * double(geo[0].b.mid.cols()) <= kRefineBothUpTo) r = SecondOrderRoute::kChoose;
   }
   const auto now = std::chrono::steady_clock::now();
   const auto columns_until =
@@ -330,10 +342,11 @@ CentredVariation CentredVariationBound(const AttentionLayer& L, const TokenCover
   const double split = AddUp(value_path, logit_path);
   const double joint = ScaledNonnegNormUp(all, in.ell, PrimalNorm(p));
   // T(1) refines its columns, once they start, for at most a fifth of the time left (the
-  // nodes: their tenth), and not past refine_until; with up_to_refine_until, for half of the
-  // time left before it (T(1) bounds every node).
+  // nodes: their tenth), and not past refine_until; with up_to_refine_until, for 0.65 of the
+  // time left before it (T(1) bounds every node; with the heads apart at BERT-base size its
+  // columns took 10.1-10.6 s, and half of the time, 11.0 s, cut them there once in three).
   const auto now = std::chrono::steady_clock::now();
-  const ColumnsShare t_one_share = up_to_refine_until ? ColumnsShare{0.5, refine_until} : ColumnsShare{0.2, opts.deadline};
+  const ColumnsShare t_one_share = up_to_refine_until ? ColumnsShare{0.65, refine_until} : ColumnsShare{0.2, opts.deadline};
   double second = kInf;
   if (second_order) {
     SecondOrderRoute route = SecondOrderRoute::kChoose;
