@@ -227,11 +227,32 @@ TEST(CentreNormTest, DenseBoundIsExactAndSuperBlocksDominateIt) {
   RecordProperty("worst_relative_excess", std::to_string(worst));
 }
 
+// A case for the factored heads: a random dot layer (D <= 6, up to 3 heads; masks, biases,
+// half with LayerNorm taken as mha_only), the factored heads alone. False for an L2 layer.
+struct FactoredCase {
+  AttentionLayer layer;
+  CentreNormOptions options;
+};
+bool RandomFactoredCase(std::mt19937_64& rng, FactoredCase* c) {
+  RandomLayerOptions lo;
+  lo.max_width = 6;
+  lo.max_heads = 3;
+  c->layer = RandomLayer(rng, lo);
+  if (c->layer.kind != AttentionKind::kDot) return false;
+  c->options = CentreNormOptions{};
+  c->options.dense_limit = 0;
+  c->options.super_blocks = false;
+  c->options.mha_only = c->layer.layer_norm.has_value() && rng() % 2 == 0;
+  if (!c->options.mha_only) c->layer.layer_norm.reset();
+  return true;
+}
+
 // The heads factored (dot-product MHA alone: attention without LayerNorm, or mha_only):
 // above sigma_1 of the MPFR Jacobian on random layers (masks, biases, D <= 6, up to 3
 // heads, N = 1 to 6, centres of scale 1 and 3 for diffuse and sharp rows), and exact where
-// only the values act (N = 1: J = sum_h W_h). It is its three parts. sum (rounded up), and
-// the super-blocks' route returns the smaller of the two.
+// only the values act (N = 1: J = sum_h W_h). It is the smaller of its parts' sum and the
+// paths with their cross terms (PathsUp), which is above sigma_1 on its own too and the
+// bound in most cases; the super-blocks' route returns the smaller of the two routes.
 TEST(CentreNormTest, FactoredHeadsDominateTheMpfrNorm) {
   mpfr::mpreal::set_default_prec(128);
   std::mt19937_64 rng(1409);
@@ -239,16 +260,10 @@ TEST(CentreNormTest, FactoredHeadsDominateTheMpfrNorm) {
   int checked = 0, single = 0, crossed = 0, crossed_won = 0;
   double closest = kInf;
   for (int t = 0; t < cases; ++t) {
-    RandomLayerOptions lo;
-    lo.max_width = 6;
-    lo.max_heads = 3;
-    AttentionLayer L = RandomLayer(rng, lo);
-    if (L.kind != AttentionKind::kDot) continue;
-    CentreNormOptions o;
-    o.dense_limit = 0;
-    o.super_blocks = false;
-    o.mha_only = L.layer_norm.has_value() && rng() % 2 == 0;
-    if (!o.mha_only) L.layer_norm.reset();
+    FactoredCase c;
+    if (!RandomFactoredCase(rng, &c)) continue;  // an L2 layer
+    AttentionLayer& L = c.layer;
+    const CentreNormOptions& o = c.options;
     const int n = 1 + int(rng() % 6);
     const Eigen::MatrixXd x0 = RandomCentre(rng, n, L.d_model, t % 2 ? 3.0 : 1.0);
     const double sigma = Sigma1(ToDouble(ReferenceJacobian(L, x0, o)));
@@ -323,16 +338,10 @@ TEST(CentreNormTest, FactoredKeysAndQueriesDominateTheirMpfrNorm) {
   const int cases = int(80 * TestScale());
   int checked = 0, won = 0;
   for (int t = 0; t < cases; ++t) {
-    RandomLayerOptions lo;
-    lo.max_width = 6;
-    lo.max_heads = 3;
-    AttentionLayer L = RandomLayer(rng, lo);
-    if (L.kind != AttentionKind::kDot) continue;
-    CentreNormOptions o;
-    o.dense_limit = 0;
-    o.super_blocks = false;
-    o.mha_only = L.layer_norm.has_value() && rng() % 2 == 0;
-    if (!o.mha_only) L.layer_norm.reset();
+    FactoredCase c;
+    if (!RandomFactoredCase(rng, &c)) continue;  // an L2 layer
+    AttentionLayer& L = c.layer;
+    const CentreNormOptions& o = c.options;
     const int n = 2 + int(rng() % 5);
     const Eigen::MatrixXd x0 = RandomCentre(rng, n, L.d_model, t % 3 == 0 ? 2.0 : 0.5);
     CentreNormReport rep;
