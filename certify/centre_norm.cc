@@ -1306,9 +1306,10 @@ UpperBound PlainSuperBlockBound(const CentreState& S, const CentreNormOptions& o
 //   ||K|| <= ||Phi||, Phi the (H N) x D stack of the rows alpha_i g^h_i, alpha_i >= ||A_i||,
 //            A_i = [a^h_ij]_{j,h} (D x N H): ||K x||^2 = sum_i ||A_i y_i||^2 with
 //            (y_i)_{jh} = g^h_i . x_j, so <= sum_j x_j^T (sum_{i,h} alpha_i^2 g g^T) x_j.
-// (and the same with Wo taken out, per-head alpha^h_i). The keys and the queries are nearly
-// orthogonal where the heads attend diffusely, so their sum also gets one bound with their
-// cross term (KeysAndQueriesUp). Tight where the heads attend
+// (and the same with Wo taken out, per-head alpha^h_i). The three paths are nearly
+// orthogonal where the heads attend diffusely, so the keys and the queries also get one
+// bound with their cross term (KeysAndQueriesUp), and the values' mean with both another
+// (PathsUp); the smallest route is taken. Tight where the heads attend
 // diffusely (random BERT-base-sized weights: 9.203 against sigma_1 = 2.795, where the
 // super-blocks give 61.5); far looser than the super-blocks where they are sharp (MiniLM,
 // N = 64: 26.70 against 3.48), so the centre norm takes the smaller.

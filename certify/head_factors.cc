@@ -920,35 +920,53 @@ double OwnRowUp(const std::vector<HeadGeometry>& geo, const std::vector<FactorBo
   return AddUp(AddUp(lambda, spread), AddUp(iso, MulUp(1.0 + 1.0 / kPhi, err2)));
 }
 
+// The heads' single-token rows, summed (||d^2 out_i|| <= sum_h ||d^2 out_i^h||: the rows
+// add up before the norm over rows) or stacked (row (h, i) is head h's own, at h N + i),
+// and the upper bound of each column's norm.
+static Eigen::MatrixXd LinRows(const std::vector<SecondOrderSplitHead>& heads, bool stacked) {
+  const int n = int(heads[0].lin.cols());
+  const Eigen::Index rows = stacked ? Eigen::Index(n) * Eigen::Index(heads.size()) : n;
+  Eigen::MatrixXd lin = Eigen::MatrixXd::Zero(rows, n);
+  for (size_t h = 0; h < heads.size(); ++h) {
+    if (stacked)
+      lin.middleRows(Eigen::Index(h) * n, n) = heads[h].lin;
+    else
+      for (Eigen::Index e = 0; e < lin.size(); ++e) lin.data()[e] = AddUp(lin.data()[e], heads[h].lin.data()[e]);
+  }
+  return lin;
+}
+static Eigen::VectorXd ColumnNormsUp(const Eigen::MatrixXd& lin) {
+  Eigen::VectorXd norms(lin.cols());
+  for (Eigen::Index j = 0; j < lin.cols(); ++j) {
+    double s = 0;
+    for (Eigen::Index r = 0; r < lin.rows(); ++r) s = AddUp(s, MulUp(lin(r, j), lin(r, j)));
+    norms(j) = SqrtUp(s);
+  }
+  return norms;
+}
+
 double SecondOrderSplitColumnsUp(const std::vector<SecondOrderSplitHead>& heads,
                                  const std::function<double(int, int)>& own_row,
                                  std::chrono::steady_clock::time_point refine_until, int threads, bool stacked) {
   if (heads.empty()) return 0.0;
   const int n = int(heads[0].lin.cols());
-  // Summed: ||d^2 out_i|| <= sum_h ||d^2 out_i^h||, the heads' rows add up before the norm
-  // over rows. Stacked: row (h, i) is head h's own (rows h n + i).
-  const Eigen::Index rows = stacked ? Eigen::Index(n) * Eigen::Index(heads.size()) : n;
-  Eigen::MatrixXd lin = Eigen::MatrixXd::Zero(rows, n), pairs = Eigen::MatrixXd::Zero(rows, Eigen::Index(n) * n);
+  // The heads' rows summed or stacked (LinRows), and the pairs the same way.
+  const Eigen::MatrixXd lin = LinRows(heads, stacked);
+  const Eigen::Index rows = lin.rows();
+  Eigen::MatrixXd pairs = Eigen::MatrixXd::Zero(rows, Eigen::Index(n) * n);
   for (size_t h = 0; h < heads.size(); ++h) {
-    if (stacked) {
-      lin.middleRows(Eigen::Index(h) * n, n) = heads[h].lin;
+    if (stacked)
       pairs.middleRows(Eigen::Index(h) * n, n) = heads[h].pairs;
-      continue;
-    }
-    for (Eigen::Index e = 0; e < lin.size(); ++e) lin.data()[e] = AddUp(lin.data()[e], heads[h].lin.data()[e]);
-    for (Eigen::Index e = 0; e < pairs.size(); ++e) pairs.data()[e] = AddUp(pairs.data()[e], heads[h].pairs.data()[e]);
+    else
+      for (Eigen::Index e = 0; e < pairs.size(); ++e) pairs.data()[e] = AddUp(pairs.data()[e], heads[h].pairs.data()[e]);
   }
   // Single tokens: ||lin t||_2 is convex on the simplex, so at most its largest column norm.
   // own2(j): the squares of column j's entries in the rows of token j.
-  Eigen::VectorXd norms(n), own2 = Eigen::VectorXd::Zero(n);
-  for (int j = 0; j < n; ++j) {
-    double s = 0;
-    for (Eigen::Index r = 0; r < rows; ++r) {
-      const double sq = MulUp(lin(r, j), lin(r, j));
-      s = AddUp(s, sq);
-      if (r % n == j) own2(j) = AddUp(own2(j), sq);
-    }
-    norms(j) = SqrtUp(s);
+  const Eigen::VectorXd norms = ColumnNormsUp(lin);
+  Eigen::VectorXd own2 = Eigen::VectorXd::Zero(n);
+  for (Eigen::Index r = 0; r < rows; ++r) {
+    const int j = int(r % n);
+    own2(j) = AddUp(own2(j), MulUp(lin(r, j), lin(r, j)));
   }
   double column = norms.maxCoeff();
   if (own_row) {
@@ -1007,24 +1025,7 @@ double SecondOrderSplitColumnsUp(const std::vector<SecondOrderSplitHead>& heads,
 }
 
 double SecondOrderSplitColumnTermUp(const std::vector<SecondOrderSplitHead>& heads, bool stacked) {
-  if (heads.empty()) return 0.0;
-  const int n = int(heads[0].lin.cols());
-  double column = 0;
-  for (int j = 0; j < n; ++j) {
-    double s = 0;
-    if (stacked) {
-      for (const SecondOrderSplitHead& h : heads)
-        for (int i = 0; i < n; ++i) s = AddUp(s, MulUp(h.lin(i, j), h.lin(i, j)));
-    } else {
-      for (int i = 0; i < n; ++i) {
-        double e = 0;
-        for (const SecondOrderSplitHead& h : heads) e = AddUp(e, h.lin(i, j));
-        s = AddUp(s, MulUp(e, e));
-      }
-    }
-    column = std::max(column, SqrtUp(s));
-  }
-  return column;
+  return heads.empty() ? 0.0 : ColumnNormsUp(LinRows(heads, stacked)).maxCoeff();
 }
 
 double SecondOrderColumnsUp(const std::vector<SecondOrderHead>& heads) {
