@@ -907,17 +907,23 @@ int GroupTokens(const CentreNormOptions& o, int n, int d) {
 // plain super-blocks' model (29.4 s at N = 64), kSecondsPerVector (N D)^2 per vector (the
 // basis's J^T J product and the three GEMMs of every block with V and Y) and
 // kSecondsPerVector2 N D k^2 (the basis's reorthogonalisation, V^T V, the Gram matrices of
-// Y and E^T Y). It predicts 35.3, 51.5 and 74.4 s at N = 64 and 13.4 s at N = 32.
+// Y and E^T Y). It predicted 35.3, 51.5 and 74.4 s at N = 64 and 13.4 s at N = 32.
+// Since the basis's products keep the centre's state (PointProducts, stop 33: a J^T J
+// product at N = 64 went from 18 ms to 6.5 ms on the 2-core EPYC) and its Lanczos steps
+// reorthogonalise once, the per-vector term is 1.6e-11 lower: the model predicts 32.4, 45.8
+// and 65.3 s at N = 64 and 12.0 s at N = 32, against the EPYC's 52.3, 71.1, 100.8 and
+// 20.7 s (1.4-1.7x: the EPYC runs this route about 1.5x the reference machine's time).
 constexpr int kMinDeflationVectors = 32;
 constexpr double kPlainShare = 0.68;
-constexpr double kSecondsPerVector = 8.2e-11;   // times (N D)^2
+constexpr double kSecondsPerVector = 6.6e-11;   // times (N D)^2
 constexpr double kSecondsPerVector2 = 2.2e-10;  // times N D k^2
-// One J^T J product of the basis: 2.4e-11 (N D)^2 s. With kSecondsPerVector2 it predicts
-// 3.1 s for N = 32, k = 600 (3.6 s measured) and 19.9 s for N = 64, k = 1000 (17.3-20.7 s).
-// Before the reorthogonalisation ran on the threads it was 2.2e-11 with 1.2e-9 for the
-// k^2 term; a model that reads an idle machine's basis as 1.3x load costs the 0.1% balls
-// their deflation (docs/engines.md, "Deflation").
-constexpr double kSecondsPerProduct = 2.4e-11;
+// One J^T J product of the basis, fitted on the EPYC (the slower machine, so that it reads
+// no load there): 6.5 ms at N D = 24576 is 1.1e-11 (N D)^2. With kSecondsPerVector2 it
+// predicts 2.5, 5.9 and 12.1 s at N = 64 for k = 300, 600 and 1000 (2.3, 5.5 and 11.6 s
+// measured) and 2.0 s at N = 32, k = 600 (2.8 s). It was 2.4e-11 while each product set
+// the centre up again; a model that reads an idle machine's basis as 1.3x load costs the
+// 0.1% balls their deflation (docs/engines.md, "Deflation").
+constexpr double kSecondsPerProduct = 1.1e-11;
 
 // The Lanczos basis of k vectors on an idle machine: its reorthogonalisation and its k
 // J^T J products through the evaluator.
@@ -993,16 +999,16 @@ std::chrono::steady_clock::time_point BasisDeadline(std::chrono::steady_clock::t
 
 namespace {
 
-// w -= Q (Q^T w), twice (classical Gram-Schmidt: twice is enough), the rows of Q in chunks
-// on `threads` workers: both products read all of Q, so the memory traffic is what is
-// shared out.
-void Reorthogonalise(const Eigen::Ref<const Eigen::MatrixXd>& q, Eigen::VectorXd& w, int threads) {
+// w -= Q (Q^T w), once (`passes` = 1) or twice (classical Gram-Schmidt: twice is enough),
+// the rows of Q in chunks on `threads` workers: both products read all of Q, so the memory
+// traffic is what is shared out.
+void Reorthogonalise(const Eigen::Ref<const Eigen::MatrixXd>& q, Eigen::VectorXd& w, int threads, int passes = 2) {
   constexpr Eigen::Index kChunk = 4096;
   const Eigen::Index rows = q.rows();
   const int chunks = int((rows + kChunk - 1) / kChunk);
   const int workers = WorkerCount(threads, chunks);
   std::vector<Eigen::VectorXd> partial(workers);
-  for (int pass = 0; pass < 2; ++pass) {
+  for (int pass = 0; pass < passes; ++pass) {
     for (auto& p : partial) p.setZero(q.cols());
     ParallelFor(chunks, workers, [&](int c, int worker) {
       const Eigen::Index r0 = c * kChunk, rn = std::min(kChunk, rows - r0);
@@ -1038,6 +1044,7 @@ DeflationBasis DeflationBasisOf(const AttentionLayer& layer, const Eigen::Matrix
   Eigen::VectorXd w(nd);
   int cols = k;
   int target = k;
+  double beta_prev = 0;  // ||w|| of the step before: q_j's coefficient beta_{j-1}
   for (int j = 0; j + 1 < k; ++j) {
     if (resize && j > 0 && j % 16 == 0) target = std::clamp(resize(j, SecondsSince(t0)), 1, target);
     if (Past(deadline) || j + 1 >= target) {
@@ -1047,14 +1054,29 @@ DeflationBasis DeflationBasisOf(const AttentionLayer& layer, const Eigen::Matrix
     products.jvp(q.col(j).data(), y.col(j).data());
     products.vjp(y.col(j).data(), w.data());
     const double before = w.norm();
-    Reorthogonalise(q.leftCols(j + 1), w, threads);
+    // The three-term recurrence first (Lanczos: J^T J q_j - alpha_j q_j - beta_{j-1} q_{j-1}),
+    // then one pass of classical Gram-Schmidt against the whole basis, which only has the
+    // rounding's components left to remove; a second pass where the first removed much
+    // (Daniel, Gragg, Kaufman and Stewart's test, ||w|| below ||w before|| / sqrt 2). Each
+    // pass reads all of Q: at N D = 24576 and k = 1000 the two passes of the
+    // reorthogonalisation twice took 24 of the basis's 30 s, the products 6 s.
+    const double alpha = q.col(j).dot(w);
+    w -= alpha * q.col(j);
+    if (j > 0) w -= beta_prev * q.col(j - 1);
+    const double recurred = w.norm();
+    Reorthogonalise(q.leftCols(j + 1), w, threads, 1);
     double b = w.norm();
+    if (b < recurred / std::sqrt(2.0)) {
+      Reorthogonalise(q.leftCols(j + 1), w, threads, 1);
+      b = w.norm();
+    }
     if (!(b > 1e-8 * before) || !(b > 1e-300)) {  // (numerically) invariant: a random direction
       for (long i = 0; i < nd; ++i) w(i) = gauss(rng);
       Reorthogonalise(q.leftCols(j + 1), w, threads);
-      b = w.norm();
+      b = 0;  // J^T J q_{j+1} has no known component along q_j
     }
-    q.col(j + 1) = w / b;
+    q.col(j + 1) = w / w.norm();
+    beta_prev = b;
   }
   products.jvp(q.col(cols - 1).data(), y.col(cols - 1).data());
   q.conservativeResize(nd, cols);

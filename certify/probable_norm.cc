@@ -82,10 +82,17 @@ JacobianProducts JacobianProductsOf(const AttentionLayer& layer, const Eigen::Ma
   eo.device = Device::kCpu;
   eo.dtype = DType::kF64;
   eo.threads = std::max(1, threads);
-  std::shared_ptr<JacobianEvaluator> eval = MakeJacobianEvaluator(layer, tokens, eo);
-  auto x = std::make_shared<const RowMajorXd>(x0);
-  p.jvp = [eval, x](const double* v, double* out) { eval->Jvp(x->data(), v, 1, out); };
-  p.vjp = [eval, x](const double* u, double* out) { eval->Vjp(x->data(), u, 1, out); };
+  // The evaluator and its products at x0, owned together (the products must not outlive it).
+  struct Owned {
+    std::unique_ptr<JacobianEvaluator> eval;
+    std::unique_ptr<PointProducts> at_x0;
+  };
+  auto owned = std::make_shared<Owned>();
+  owned->eval = MakeJacobianEvaluator(layer, tokens, eo);
+  const RowMajorXd x(x0);
+  owned->at_x0 = owned->eval->ProductsAt(x.data());
+  p.jvp = [owned](const double* v, double* out) { owned->at_x0->Jvp(v, out); };
+  p.vjp = [owned](const double* u, double* out) { owned->at_x0->Vjp(u, out); };
   return p;
 }
 

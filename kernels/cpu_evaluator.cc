@@ -82,6 +82,8 @@ class CpuEvaluator final : public JacobianEvaluator {
     });
   }
 
+  std::unique_ptr<PointProducts> ProductsAt(const double* x) override { return std::make_unique<Products>(this, x); }
+
   TopSingular TopSingularValues(const double* x, int batch, bool want_grad, const double* v0) override {
     const size_t nd = size_t(point_size());
     TopSingular r;
@@ -132,6 +134,30 @@ class CpuEvaluator final : public JacobianEvaluator {
     std::vector<double> dbuf;
   };
 
+  // One worker, the point's state evaluated once; each product on the calling thread.
+  class Products final : public PointProducts {
+   public:
+    Products(const CpuEvaluator* e, const double* x) : e_(e) {
+      e_->Prepare(w_);
+      e_->Load(x, 0, w_.st.x);
+      Evaluate(e_->L_, w_.st, w_.ws);
+    }
+    void Jvp(const double* v, double* out) override {
+      e_->Load(v, 0, w_.a);
+      kernels_internal::Jvp(e_->L_, w_.st, w_.ws, w_.a, w_.b);
+      e_->Store(w_.b, 0, out);
+    }
+    void Vjp(const double* u, double* out) override {
+      e_->Load(u, 0, w_.a);
+      kernels_internal::Vjp(e_->L_, w_.st, w_.ws, w_.a, w_.b);
+      e_->Store(w_.b, 0, out);
+    }
+
+   private:
+    const CpuEvaluator* e_;
+    Worker w_;
+  };
+
   // The driver's slots for one point (batch of 1).
   struct PointOps {
     CpuEvaluator* e;
@@ -164,13 +190,15 @@ class CpuEvaluator final : public JacobianEvaluator {
     if (batch <= 0) return;
     const int nw = WorkerCount(opts_.threads, batch);
     std::vector<Worker> workers(nw);
-    for (Worker& w : workers) {
-      w.ws.Resize(L_);
-      for (RowMat<T>* m : {&w.a, &w.b, &w.c, &w.tmp}) m->resize(tokens(), width());
-      w.slots.assign(dopts_.slots(), RowMat<T>::Zero(tokens(), width()));
-      w.dbuf.resize(point_size());
-    }
+    for (Worker& w : workers) Prepare(w);
     ParallelFor(batch, nw, [&](int b, int worker) { fn(workers[worker], b); });
+  }
+
+  void Prepare(Worker& w) const {
+    w.ws.Resize(L_);
+    for (RowMat<T>* m : {&w.a, &w.b, &w.c, &w.tmp}) m->resize(tokens(), width());
+    w.slots.assign(dopts_.slots(), RowMat<T>::Zero(tokens(), width()));
+    w.dbuf.resize(point_size());
   }
 
   void Load(const double* src, int b, RowMat<T>& dst) const {

@@ -82,6 +82,26 @@ void DefaultStartVector(int point_index, int size, double* out) {
 
 namespace {
 
+// The default ProductsAt: the point kept, each product a batch of one.
+class BatchOfOneProducts final : public PointProducts {
+ public:
+  BatchOfOneProducts(JacobianEvaluator* e, const double* x) : e_(e), x_(x, x + e->point_size()) {}
+  void Jvp(const double* v, double* out) override { e_->Jvp(x_.data(), v, 1, out); }
+  void Vjp(const double* u, double* out) override { e_->Vjp(x_.data(), u, 1, out); }
+
+ private:
+  JacobianEvaluator* e_;
+  std::vector<double> x_;
+};
+
+}  // namespace
+
+std::unique_ptr<PointProducts> JacobianEvaluator::ProductsAt(const double* x) {
+  return std::make_unique<BatchOfOneProducts>(this, x);
+}
+
+namespace {
+
 [[noreturn]] void Bad(const std::string& field, const std::string& msg) {
   throw std::invalid_argument("evaluator." + field + ": " + msg);
 }

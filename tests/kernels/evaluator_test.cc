@@ -100,6 +100,30 @@ TEST_P(EvaluatorTest, ForwardJvpVjpMatchReference) {
   EXPECT_GE(checked, 9);
 }
 
+// Products at one point, many times (the deflation's Lanczos basis): the same values as
+// the reference at every call, with the point's buffer overwritten after ProductsAt.
+TEST_P(EvaluatorTest, ProductsAtOnePointMatchReference) {
+  auto ev = MakeJacobianEvaluator(layer_, kN, opts_);
+  std::vector<double> x = RandomPoints(1, kN, kD, 5);
+  const LayerState<double> s = Evaluate(layer_, PointAt(x, 0, kN, kD));
+  const std::unique_ptr<PointProducts> at_x = ev->ProductsAt(x.data());
+  std::fill(x.begin(), x.end(), 0.0);  // copied: the products keep the point they were given
+  int checked = 0;
+  for (int call = 0; call < 4; ++call) {
+    const std::vector<double> v = RandomPoints(1, kN, kD, 40 + call), u = RandomPoints(1, kN, kD, 50 + call);
+    std::vector<double> jv(v.size()), ju(u.size());
+    at_x->Jvp(v.data(), jv.data());
+    at_x->Vjp(u.data(), ju.data());
+    const Eigen::MatrixXd rjv = Jvp(layer_, s, PointAt(v, 0, kN, kD));
+    const Eigen::MatrixXd rju = Vjp(layer_, s, PointAt(u, 0, kN, kD));
+    ASSERT_GT(MaxAbs(rjv), 0) << "call " << call;
+    EXPECT_LE(MaxAbs(PointAt(jv, 0, kN, kD) - rjv), tol_.product * MaxAbs(rjv)) << "jvp, call " << call;
+    EXPECT_LE(MaxAbs(PointAt(ju, 0, kN, kD) - rju), tol_.product * MaxAbs(rju)) << "vjp, call " << call;
+    ++checked;
+  }
+  EXPECT_EQ(checked, 4);
+}
+
 TEST_P(EvaluatorTest, PairGradientMatchesCentralDifferences) {
   const int batch = 3;
   auto ev = MakeJacobianEvaluator(layer_, kN, opts_);
