@@ -248,6 +248,24 @@ Eigen::MatrixXd SecondDerivativeMp(const AttentionLayer& L, const Eigen::MatrixX
   return out;
 }
 
+// Every head's geometry, factor bounds and split second-order terms of `layer` over the
+// cover of `in`, as the engines build them: what the second-order tests start from.
+struct SplitHeads {
+  std::vector<HeadGeometry> geo;
+  std::vector<FactorBounds> factors;
+  std::vector<SecondOrderSplitHead> heads;
+};
+
+SplitHeads SplitHeadsOf(const AttentionLayer& layer, const MhaInput& in) {
+  SplitHeads s;
+  for (int h = 0; h < layer.heads; ++h) {
+    s.geo.push_back(HeadGeometryAt(layer, h, in.zc, NormKind::kL2));
+    s.factors.push_back(HeadFactorBounds(s.geo.back(), in.rho_z, in.joint_z, layer.causal));
+    s.heads.push_back(SecondOrderSplitHeadUp(s.geo.back(), s.factors.back(), in.rho_z, layer.causal));
+  }
+  return s;
+}
+
 // The second derivative with the pair terms apart (SecondOrderSplitHeadUp), summed over
 // heads, bounds ||d^2 f(X)[U, U]||_F for unit U at every point X of the set, dot and l2
 // layers with sharp softmax rows, causal masks included: U random, on one token, and on
@@ -269,14 +287,7 @@ TEST(HeadFactorsTest, SplitSecondOrderBoundsTheSecondDerivative) {
     (L.kind == AttentionKind::kDot ? dot : l2) += 1;
     causal += L.causal;
     const MhaInput in = MhaInputOver(L, CoverOf(set), NormKind::kL2);
-    std::vector<SecondOrderSplitHead> heads;
-    std::vector<HeadGeometry> geo;
-    std::vector<FactorBounds> factors;
-    for (int h = 0; h < L.heads; ++h) {
-      geo.push_back(HeadGeometryAt(L, h, in.zc, NormKind::kL2));
-      factors.push_back(HeadFactorBounds(geo.back(), in.rho_z, in.joint_z, L.causal));
-      heads.push_back(SecondOrderSplitHeadUp(geo.back(), factors.back(), in.rho_z, L.causal));
-    }
+    const auto [geo, factors, heads] = SplitHeadsOf(L, in);
     // With the moving token's own query spread as one form over the heads (the engines' way);
     // never above the plain one.
     const double plain = SecondOrderSplitColumnsUp(heads);
@@ -353,16 +364,8 @@ TEST(HeadFactorsTest, StackedSecondOrderBoundsTheSecondDerivative) {
     own.wo = Eigen::MatrixXd::Identity(d, d);
     if (own.bo.size()) own.bo.setZero();
     const MhaInput in = MhaInputOver(L, CoverOf(set), NormKind::kL2);
-    std::vector<SecondOrderSplitHead> heads, summed;
-    std::vector<HeadGeometry> geo;
-    std::vector<FactorBounds> factors;
-    for (int h = 0; h < L.heads; ++h) {
-      geo.push_back(HeadGeometryAt(own, h, in.zc, NormKind::kL2));
-      factors.push_back(HeadFactorBounds(geo.back(), in.rho_z, in.joint_z, L.causal));
-      heads.push_back(SecondOrderSplitHeadUp(geo.back(), factors.back(), in.rho_z, L.causal));
-      const HeadGeometry g = HeadGeometryAt(L, h, in.zc, NormKind::kL2);
-      summed.push_back(SecondOrderSplitHeadUp(g, HeadFactorBounds(g, in.rho_z, in.joint_z, L.causal), in.rho_z, L.causal));
-    }
+    const auto [geo, factors, heads] = SplitHeadsOf(own, in);  // the heads apart (Wo = I)
+    const std::vector<SecondOrderSplitHead> summed = SplitHeadsOf(L, in).heads;
     const double wo = NormL2UpperGram(L.wo, 1).value();
     const auto own_row = [&](int j, int threads) { return OwnRowUp(geo, factors, in.rho_z, L.causal, j, threads); };
     const auto never = std::chrono::steady_clock::time_point::max();
@@ -419,14 +422,9 @@ TEST(HeadFactorsTest, OwnRowFormBoundsTheMovingTokensRow) {
     if (t % 3 == 0) set.radius = 0;
     const int n = set.tokens();
     const MhaInput in = MhaInputOver(L, CoverOf(set), NormKind::kL2);
-    std::vector<HeadGeometry> geo;
-    std::vector<FactorBounds> factors;
+    const auto [geo, factors, heads] = SplitHeadsOf(L, in);
     Eigen::MatrixXd lin = Eigen::MatrixXd::Zero(n, n);
-    for (int h = 0; h < L.heads; ++h) {
-      geo.push_back(HeadGeometryAt(L, h, in.zc, NormKind::kL2));
-      factors.push_back(HeadFactorBounds(geo.back(), in.rho_z, in.joint_z, L.causal));
-      lin += SecondOrderSplitHeadUp(geo.back(), factors.back(), in.rho_z, L.causal).lin;
-    }
+    for (const SecondOrderSplitHead& head : heads) lin += head.lin;
     const int j = int(rng() % n);
     const double bound = OwnRowUp(geo, factors, in.rho_z, L.causal, j, 1);
     ASSERT_TRUE(std::isfinite(bound)) << "case " << t;
