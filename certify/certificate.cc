@@ -16,8 +16,21 @@ const char* CertificateStatusToString(CertificateStatus s) {
     case CertificateStatus::kTimeLimit: return "time_limit";
     case CertificateStatus::kExhausted: return "engines_exhausted";
     case CertificateStatus::kInProgress: return "in_progress";
+    case CertificateStatus::kInterrupted: return "interrupted";
+    case CertificateStatus::kWorkBudget: return "work_budget";
   }
   return "?";
+}
+
+bool StringToCertificateStatus(const std::string& name, CertificateStatus* s) {
+  for (CertificateStatus c : {CertificateStatus::kTolerance, CertificateStatus::kTimeLimit, CertificateStatus::kExhausted,
+                              CertificateStatus::kInProgress, CertificateStatus::kInterrupted,
+                              CertificateStatus::kWorkBudget})
+    if (name == CertificateStatusToString(c)) {
+      *s = c;
+      return true;
+    }
+  return false;
 }
 
 double Certificate::gap() const {

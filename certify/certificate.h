@@ -21,8 +21,12 @@ enum class CertificateStatus {
   kTimeLimit,  // stopped by the time limit with open pieces left
   kExhausted,  // every piece bounded, tolerance not reached (engines at their limit)
   kInProgress, // an intermediate (anytime) certificate: the run has not ended
+  kInterrupted,  // stopped by CertifyOptions::stop: the certificate so far (every bound in it holds)
+  kWorkBudget,   // stopped by CertifyOptions::budget (work, not wall clock) with open pieces left
 };
 const char* CertificateStatusToString(CertificateStatus s);
+// The status whose ToString is `name`; false when none is.
+bool StringToCertificateStatus(const std::string& name, CertificateStatus* s);
 
 // Where the numbers came from (everything a reader needs to reproduce the run).
 struct Provenance {

@@ -47,7 +47,7 @@ std::string CertifyOptions::IsValid() const {
   if (!(time_limit_s > 0)) return "time_limit: must be positive";
   if (!(tolerance >= 0)) return "tolerance: must be >= 0";
   if (threads < 0) return "threads: must be >= 0";
-  for (const std::string& e : {search.IsValid(), engines.IsValid(), branch_and_bound.IsValid(), probabilistic.IsValid()})
+  for (const std::string& e : {budget.IsValid(), search.IsValid(), engines.IsValid(), branch_and_bound.IsValid(), probabilistic.IsValid()})
     if (!e.empty()) return e;
   return "";
 }
@@ -56,32 +56,9 @@ std::string ValidateCertifyOptions(const CertifyOptions& o) { return o.IsValid()
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-// The run's one clock: every stage asks it how much of the time limit is left.
-class RunClock {
- public:
-  explicit RunClock(double limit_s) : start_(Clock::now()), limit_s_(limit_s) {}
-  double Elapsed() const { return std::chrono::duration<double>(Clock::now() - start_).count(); }
-  double Left() const { return std::max(0.0, limit_s_ - Elapsed()); }
-  // The time point `fraction` of the limit after the start.
-  Clock::time_point At(double fraction) const {
-    return start_ + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(fraction * limit_s_));
-  }
-
- private:
-  Clock::time_point start_;
-  double limit_s_;
-};
-
-// fn() and the seconds it took. The result is computed before the clock is read again
-// (in `record(name, Engine(...), Since(t))` C++ leaves the order unspecified).
-template <class F>
-auto Timed(F&& fn) {
-  const auto t = Clock::now();
-  auto result = fn();
-  return std::make_pair(std::move(result), std::chrono::duration<double>(Clock::now() - t).count());
-}
+// A stage's seconds as the options of its engine take them: finite (a work budget's
+// unbounded time is a long one that its own counts end first).
+double FiniteSeconds(double s) { return std::min(s, 1e9); }
 
 Certificate Skeleton(const AttentionLayer& L, const InputSet& set, const CertifyOptions& o, const Provenance& p) {
   Certificate c;
@@ -144,8 +121,9 @@ void RunSearch(const AttentionLayer& L, const InputSet& set, const CertifyOption
   so.norm = o.norm;
   so.seed = o.seed;
   so.threads = o.threads;
-  so.max_rounds = o.search.max_rounds;
-  so.time_limit_s = seconds;
+  so.max_rounds = o.budget.enabled() ? o.budget.rounds : o.search.max_rounds;
+  so.time_limit_s = FiniteSeconds(seconds);
+  so.stop = o.stop;
   const SearchResult sr = SearchLowerBound(L, set, so);
   c->lower_bound = sr.best.lower_bound;
   c->witness = sr.best;
@@ -156,8 +134,10 @@ BoundOptions BoundOptionsOf(const CertifyOptions& o, Clock::time_point deadline)
   bo.norm = o.norm;
   bo.dense_limit = o.engines.dense_limit;
   bo.deflation_vectors = o.engines.deflation_vectors;
-  bo.deadline = deadline;
+  bo.deadline = o.budget.enabled() ? kNoDeadline : deadline;
   bo.threads = o.threads;
+  bo.stop = o.stop;
+  bo.by_work = o.budget.enabled();
   return bo;
 }
 
@@ -181,8 +161,15 @@ int RunCentreNorm(const AttentionLayer& L, const TokenCover& cover, const Certif
     Refused(c, "centre_norm", "engines.dense_limit = 0");
     return -1;
   }
-  const double window = std::chrono::duration<double>(bo.deadline - Clock::now()).count();
   long dense_limit = nd <= o.engines.dense_limit ? nd : 0;  // 0: token super-blocks (norm 2)
+  if (bo.by_work) {  // by size alone
+    const double in_hand = c->upper_bound.value();
+    const auto [b, seconds] = Timed([&] { return CentreNormBound(L, cover, bo, dense_limit, in_hand); });
+    Record(c, "centre_norm", b, seconds);
+    Progress(o, "centre_norm", *c, clock.Elapsed());
+    return b.centre_inf_row;
+  }
+  const double window = SecondsUntil(bo.deadline);
   if (CentreNormEngineSecondsEstimate(L, n, dense_limit, o.norm) > 0.5 * window) dense_limit = 0;
   double least_s = CentreNormEngineSecondsEstimate(L, n, dense_limit, o.norm, /*minimum=*/true);
   if (o.norm == NormKind::kL2 && nd > dense_limit && FactoredHeadsApply(L, CentreNormOptions{}))
@@ -216,7 +203,7 @@ StructuredRun RunStructuredEngines(const AttentionLayer& L, const TokenCover& co
   StructuredRun run;
   run.centre_inf_row = RunCentreNorm(L, cover, o, bo, clock, c);
   if (o.on_improvement) o.on_improvement(*c);
-  run.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  run.seconds = ElapsedSeconds(start);
   return run;
 }
 
@@ -252,8 +239,9 @@ void RunProbabilistic(const AttentionLayer& L, const InputSet& set, const Certif
   }
   ProbableNormOptions po;
   po.failure_probability = o.probabilistic.failure_probability;
-  po.time_limit_s = seconds;
-  po.seed = o.probabilistic.seed;
+  po.time_limit_s = FiniteSeconds(seconds);
+  po.seed = o.probabilistic.seed == 0 && o.budget.enabled() ? o.seed + 1 : o.probabilistic.seed;
+  po.stop = o.stop;
   ProbabilisticBound p;
   p.centre = ProbableJacobianNormUpper(L, set.center, po);
   p.failure_probability = po.failure_probability;
@@ -301,7 +289,9 @@ void RunBranchAndBound(const AttentionLayer& L, const InputSet& set, const Certi
   bb.norm = o.norm;
   bb.tolerance = o.tolerance;
   bb.dense_limit = std::min(o.engines.dense_limit, kPieceDenseLimit);
-  bb.max_pieces = o.branch_and_bound.max_pieces;
+  bb.max_pieces = o.budget.enabled() ? o.budget.steps : o.branch_and_bound.max_pieces;
+  bb.by_work = o.budget.enabled();
+  bb.stop = o.stop;
   bb.time_limit_s = clock.Left();
   bb.root_upper = c->upper_bound;
   bb.root_seconds = root_seconds;
@@ -319,9 +309,11 @@ void RunBranchAndBound(const AttentionLayer& L, const InputSet& set, const Certi
   Record(c, "branch_and_bound", r.upper, seconds, std::to_string(r.pieces_explored) + " pieces");
   c->pieces_explored = r.pieces_explored;
   c->open_pieces = r.open_pieces;
-  c->status = r.tolerance_reached ? CertificateStatus::kTolerance
-              : r.exhausted      ? CertificateStatus::kExhausted
-                                 : CertificateStatus::kTimeLimit;
+  c->status = r.tolerance_reached                    ? CertificateStatus::kTolerance
+              : r.exhausted                         ? CertificateStatus::kExhausted
+              : r.stopped                           ? CertificateStatus::kInterrupted
+              : r.pieces_spent && o.budget.enabled() ? CertificateStatus::kWorkBudget
+                                                    : CertificateStatus::kTimeLimit;
 }
 
 // 5. The residual sublayer X + g(X) is certified invertible on the set where Lip(g) < 1.
@@ -366,27 +358,35 @@ Certificate Certify(const AttentionLayer& L, const InputSet& set, const CertifyO
   // The post-LN sublayer LN(X + MHA(X)) composes certificates of MHA alone
   // (certify/post_layer_norm.h); no stage below knows the post-LN.
   if (L.post_ln()) return CertifyPostLayerNorm(L, set, o, provenance);
-  const RunClock clock(o.time_limit_s);
+  const RunClock clock(o.budget.enabled() ? kInf : o.time_limit_s);
   Certificate c = Skeleton(L, set, o, provenance);
   const TokenCover cover = CoverOf(set);
+  const auto finish = [&](Certificate& c) {
+    if (StopRequested(o.stop) && c.status == CertificateStatus::kInProgress) c.status = CertificateStatus::kInterrupted;
+    CapProbabilisticByCertified(&c);
+    c.fp_environment_repaired = fp_guard.repaired() || FpEnvironmentRepairs() > repairs_before;
+    c.elapsed_s = clock.Elapsed();
+    Progress(o, "done", c, c.elapsed_s);
+    return c;
+  };
 
   RunClosedForms(L, set, o, &c);
+  if (StopRequested(o.stop)) return finish(c);
   const StructuredRun engines = RunStructuredEngines(L, cover, o, EnginesUntil(set, o), clock, &c);
-  RunProbabilistic(L, set, o, std::min(o.probabilistic.share * o.time_limit_s, clock.Left()), &c);
+  if (StopRequested(o.stop)) return finish(c);
+  RunProbabilistic(L, set, o, o.budget.enabled() ? kInf : std::min(o.probabilistic.share * o.time_limit_s, clock.Left()),
+                   &c);
   const double root_seconds = engines.seconds;
   const Invertibility residual = L.residual() ? BlockNormInvertibility(L, cover, o, clock) : Invertibility{};
+  if (StopRequested(o.stop)) return finish(c);
   RunSearch(L, set, o, SearchSeconds(set, o, root_seconds, L.residual(), clock), engines.centre_inf_row, &c);
   Progress(o, "search", c, clock.Elapsed());
   if (o.on_improvement) o.on_improvement(c);
+  if (StopRequested(o.stop)) return finish(c);
   RunBranchAndBound(L, set, o, root_seconds, clock, &c);
   if (c.upper_bound.value() <= MulDown(c.lower_bound.value(), 1 + o.tolerance)) c.status = CertificateStatus::kTolerance;
-  if (L.residual()) CertifyInvertibility(L, cover, o, clock, residual, &c);
-  CapProbabilisticByCertified(&c);
-
-  c.fp_environment_repaired = fp_guard.repaired() || FpEnvironmentRepairs() > repairs_before;
-  c.elapsed_s = clock.Elapsed();
-  Progress(o, "done", c, c.elapsed_s);
-  return c;
+  if (L.residual() && !StopRequested(o.stop)) CertifyInvertibility(L, cover, o, clock, residual, &c);
+  return finish(c);
 }
 
 }  // namespace lipcert

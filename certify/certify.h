@@ -5,11 +5,13 @@
 // certify/pipeline.h puts loading and the input set in front of it.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <string>
 
 #include "certify/certificate.h"
+#include "certify/run_control.h"
 #include "certify/search.h"
 #include "models/attention_layer.h"
 
@@ -53,7 +55,18 @@ struct BranchStageOptions {
 
 struct CertifyOptions {
   NormKind norm = NormKind::kL2;
-  double time_limit_s = 30;     // the whole run, wall clock; every stage checks it
+  double time_limit_s = 30;     // the whole run, wall clock; every stage checks it (not
+                                // read when budget is enabled)
+  // Work instead of the wall clock (certify/run_control.h): search rounds, branch-and-bound
+  // pieces, and the engines' choices by size alone; the run repeats bit for bit. Its seeds
+  // are fixed too (probabilistic.seed 0 becomes seed + 1). Status work_budget when the
+  // pieces ran out before the tolerance.
+  WorkBudget budget;
+  // When it points to true, every stage ends at its next check as at the time limit, and
+  // the certificate so far is returned with status interrupted (every bound in it holds).
+  // Owned by the caller, who may set it from any thread (a signal handler, a Python
+  // KeyboardInterrupt).
+  const std::atomic<bool>* stop = nullptr;
   double tolerance = 0.01;      // stop when upper <= (1 + tolerance) * lower
   uint64_t seed = 1;            // the search's randomness
   int threads = 0;              // worker threads for every stage; 0: all cores

@@ -2,11 +2,13 @@
 // take and return: their options, and a certified bound with its breakdown by term.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <string>
 #include <vector>
 
 #include "certify/input_set.h"
+#include "certify/run_control.h"
 #include "interval/rounding.h"
 
 namespace lipcert {
@@ -24,6 +26,11 @@ struct BoundOptions {
   // Engines check this in their long loops; once it has passed they stop and return
   // upper = +inf with timed_out set (never a partial number). max(): no limit.
   std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max();
+  // When it points to true the engines stop as at the deadline (CertifyOptions::stop).
+  const std::atomic<bool>* stop = nullptr;
+  // Bounded by work (CertifyOptions::budget): no choice may depend on the clock or a time
+  // model; sizes and fixed counts decide (deadline is then kNoDeadline).
+  bool by_work = false;
   // Worker threads of the engines' parallel loops (heads, dense block rows); 0: all cores.
   int threads = 0;
 
@@ -58,7 +65,7 @@ struct EngineBound {
 // The EngineBound of an engine stopped by its deadline.
 EngineBound TimedOutBound(const std::string& engine);
 
-// True once opts.deadline has passed.
+// True once opts.deadline has passed or opts.stop points to true.
 bool DeadlinePassed(const BoundOptions& opts);
 
 }  // namespace lipcert

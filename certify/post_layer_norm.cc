@@ -19,8 +19,7 @@ namespace lipcert {
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
-double SecondsSince(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+double SecondsSince(Clock::time_point t) { return ElapsedSeconds(t); }
 
 // The post-LN's LayerNorm factors over a cover of Y: the pre-LN machinery (MhaInputOver) on a
 // layer whose pre-LN carries the post-LN's parameters. ell: sup ||J_LN||_p per token; ln_jac:

@@ -20,6 +20,7 @@
 #pragma once
 
 #include <Eigen/Dense>
+#include <atomic>
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -48,6 +49,9 @@ struct SearchOptions {
   int centre_inf_row = -1;   // kLinf: a row of J(X0) known to be its largest (e.g. from the
                              // centre_norm engine's enclosure): taken instead of the N*D rows
   bool rigorous = true;      // re-evaluate the final witness in interval arithmetic
+  // When it points to true the search ends as at its time limit (its witness so far is
+  // still polished and evaluated rigorously).
+  const std::atomic<bool>* stop = nullptr;
   bool verbose = false;      // progress lines on stderr
 };
 

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <Eigen/Dense>
+#include <atomic>
 #include <chrono>
 #include <memory>
 #include <vector>
@@ -78,9 +79,10 @@ Pair InfRowPair(const Oracle& o, const Eigen::MatrixXd& x, int r);
 // Blocks are taken in a strided order over the tokens and stop at `deadline`: a partial
 // run still returns the best row it computed (any row's sum is a value of ||J v||_inf
 // with v its sign vector), and *complete (if given) says whether every row was seen.
+// `stop` (when it points to true) ends it as the deadline does.
 Pair ExactInfTop(const std::vector<std::unique_ptr<Oracle>>& oracles, const Eigen::MatrixXd& x,
                  std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max(),
-                 bool* complete = nullptr);
+                 bool* complete = nullptr, const std::atomic<bool>* stop = nullptr);
 
 Eigen::MatrixXd SignOf(const Eigen::MatrixXd& m);
 

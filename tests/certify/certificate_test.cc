@@ -212,17 +212,25 @@ TEST(CertificateJsonTest, EnumStringsRoundTrip) {
     EXPECT_EQ(back, k);
     ++checked;
   }
-  // CertificateStatus has no StringTo...: its strings are distinct and the documented ones.
+  // Every status's string is distinct, the documented one, and reads back.
   std::set<std::string> statuses;
   for (CertificateStatus s : {CertificateStatus::kTolerance, CertificateStatus::kTimeLimit,
-                              CertificateStatus::kExhausted, CertificateStatus::kInProgress}) {
+                              CertificateStatus::kExhausted, CertificateStatus::kInProgress,
+                              CertificateStatus::kInterrupted, CertificateStatus::kWorkBudget}) {
     Certificate c = FullCertificate();
     c.status = s;
-    statuses.insert(ToJson(c)["status"].get<std::string>());
+    const std::string name = ToJson(c)["status"].get<std::string>();
+    statuses.insert(name);
+    CertificateStatus back = CertificateStatus::kInProgress;
+    ASSERT_TRUE(StringToCertificateStatus(name, &back)) << name;
+    EXPECT_EQ(back, s);
     ++checked;
   }
-  EXPECT_EQ(statuses, (std::set<std::string>{"tolerance_reached", "time_limit", "engines_exhausted", "in_progress"}));
-  EXPECT_EQ(checked, 9);
+  EXPECT_EQ(statuses, (std::set<std::string>{"tolerance_reached", "time_limit", "engines_exhausted", "in_progress",
+                                             "interrupted", "work_budget"}));
+  CertificateStatus unused;
+  EXPECT_FALSE(StringToCertificateStatus("budget", &unused));
+  EXPECT_EQ(checked, 11);
   SetKind sk;
   NormKind nk;
   EXPECT_FALSE(StringToSetKind("sphere", &sk));
