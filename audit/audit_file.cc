@@ -78,7 +78,7 @@ struct JobDefaults {
   WorkBudget budget;  // certify/run_control.h
   double tolerance = 0.01;
   int64_t seed = 1;
-  int64_t dense_limit = 4096;
+  int64_t dense_limit = kDefaultDenseLimit;  // CertifyOptions' (certify/engine_bound.h)
   Thresholds thresholds;
 };
 

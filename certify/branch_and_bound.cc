@@ -1,5 +1,6 @@
 #include "certify/branch_and_bound.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <queue>
@@ -84,7 +85,7 @@ BranchAndBoundResult BranchAndBound(const AttentionLayer& layer, const InputSet&
   auto elapsed = [&] { return ElapsedSeconds(start); };
   BoundOptions bo;
   bo.norm = opts.norm;
-  bo.dense_limit = opts.dense_limit;
+  bo.dense_limit = std::min(opts.dense_limit, kPieceDenseLimit);
   bo.exclude_residual = opts.exclude_residual;
   bo.by_work = opts.by_work;
   bo.stop = opts.stop;

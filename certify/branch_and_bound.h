@@ -15,12 +15,17 @@
 
 namespace lipcert {
 
+// The centred engine bounds a piece densely up to this N*D at most: it runs once per piece,
+// its cost (N D)^3.
+inline constexpr int kPieceDenseLimit = 4096;
+
 struct BranchAndBoundOptions {
   NormKind norm = NormKind::kL2;
   double time_limit_s = 10;   // wall clock for the whole search (+inf: none, work alone)
   double tolerance = 0.01;    // stop when upper <= (1 + tolerance) * lower
   int max_pieces = 100000;    // pieces bounded, at most (the work budget's steps)
-  int dense_limit = 4096;     // the centred engine runs on pieces with N*D up to this
+  int dense_limit = kDefaultDenseLimit;  // certify/engine_bound.h; the pieces' centred engine
+                                        // at most kPieceDenseLimit
   bool exclude_residual = false;
   bool by_work = false;       // no clock in the pieces' engines (BoundOptions::by_work)
   // When it points to true the loop ends before its next split (and the engines inside

@@ -27,11 +27,10 @@ struct SearchStageOptions {
 
 // The structured bound engines (block-norm, centred) on the whole set.
 struct EngineStageOptions {
-  int dense_limit = 12288;      // the centre_norm engine certifies J(X0) with one dense
-                                // certificate up to this N*D (if its predicted time fits),
-                                // with token super-blocks above; 0: no centre_norm engine
-                                // (a post-LN layer's post_ln_centre is dense up to
-                                // min(8192, this), deflated above when deflation is on)
+  int dense_limit = kDefaultDenseLimit;  // the largest N*D enclosed densely (certify/
+                                // engine_bound.h): centre_norm certifies J(X0) with one dense
+                                // certificate up to it (if its predicted time fits), token
+                                // super-blocks above; 0: no centre_norm engine
   int deflation_vectors = 1000; // above dense_limit (no LayerNorm): deflate the super-blocks
                                 // with up to this many Lanczos vectors, as many as the time
                                 // left fits (not anytime; 0: off)

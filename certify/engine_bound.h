@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -13,10 +14,17 @@
 
 namespace lipcert {
 
+// dense_limit, wherever it appears (CertifyOptions::engines, BoundOptions, branch and
+// bound): the largest N*D at which an engine encloses J(X0) densely, as one ND x ND interval
+// matrix with one Gram/Cholesky certificate of its norm. Above it an engine works by token
+// blocks or declines. Engines whose dense route costs more per use cap it further with a
+// named constant of their own (branch and bound's pieces: kPieceDenseLimit; the post-LN
+// centre's memory: kPostLnDenseLimit).
+inline constexpr int kDefaultDenseLimit = 12288;
+
 struct BoundOptions {
   NormKind norm = NormKind::kL2;
-  // The centred engine refuses layers with N*D above this (it forms J(X0) densely).
-  int dense_limit = 4096;
+  int dense_limit = kDefaultDenseLimit;  // see above
   // The centre_norm engine's super-blocks: deflate with up to this many Lanczos vectors,
   // as many as fit before the deadline (0: off).
   int deflation_vectors = 0;
@@ -44,6 +52,15 @@ struct BoundTerm {
   UpperBound value{kInf};
 };
 
+// The centre_norm engine's bound split as the centred form is: upper = centre + variation,
+// centre >= ||J(X0)|| and variation >= sup over the set of ||J(X) - J(X0)|| (with, for the
+// sublayer, its LayerNorm terms). The probabilistic stage and the post-LN composition swap
+// or reuse the two halves.
+struct CentreNormTerms {
+  UpperBound centre{kInf};
+  UpperBound variation{kInf};
+};
+
 // A certified upper bound with the terms it is made of.
 //   terms:        the summands: upper == the sum of their values, added in order and
 //                 rounded up; each term is <= upper. This answers "which term dominates".
@@ -60,6 +77,8 @@ struct EngineBound {
   // centre_norm in the inf norm: the row of J(X0) with the largest certified row sum
   // (row-major flattening i*D + a), for the search's centre witness; -1 otherwise.
   int centre_inf_row = -1;
+  // centre_norm: its two halves (set where the bound is finite).
+  std::optional<CentreNormTerms> centre_norm;
 };
 
 // The EngineBound of an engine stopped by its deadline.

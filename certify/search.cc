@@ -208,7 +208,7 @@ class Search {
   // best of them.
   Witness Polish() {
     TopParams fine;
-    fine.dense_limit = 256;
+    fine.exact_up_to = 256;
     fine.iters = 30;
     Witness best;
     best.value = -1;
@@ -272,13 +272,13 @@ std::string ValidateSearchOptions(const SearchOptions& o) {
   return "";
 }
 
-TopDirection TopDirectionAt(const AttentionLayer& layer, const MatrixXd& x, NormKind norm, int dense_limit) {
+TopDirection TopDirectionAt(const AttentionLayer& layer, const MatrixXd& x, NormKind norm, int exact_up_to) {
   if (std::string e = ValidateLayer(layer); !e.empty()) throw std::invalid_argument("layer: " + e);
   if (x.cols() != layer.d_model || x.rows() < 1)
     throw std::invalid_argument("x: must be N x " + std::to_string(layer.d_model));
   const Oracle o(layer, int(x.rows()), search_parts::kFineTol, search_parts::kFineIters);
   TopParams tp;
-  tp.dense_limit = dense_limit;
+  tp.exact_up_to = exact_up_to;
   tp.iters = 30;
   const Pair p = ComputeTop(o, x, norm, nullptr, tp);
   return {p.value, p.u, p.v};

@@ -83,7 +83,7 @@ MatrixXd SignOf(const MatrixXd& m) {
 Pair ComputeTop(const Oracle& o, const MatrixXd& x, NormKind norm, const Pair* warm, const TopParams& tp) {
   const int n = int(x.rows()), d = int(x.cols()), nd = n * d;
   Pair p;
-  if (nd <= tp.dense_limit) {
+  if (nd <= tp.exact_up_to) {
     const MatrixXd jac = o.Dense(x);
     auto unflat = [&](const Eigen::VectorXd& f) {
       MatrixXd m(n, d);

@@ -58,12 +58,13 @@ struct Pair {
 };
 
 struct TopParams {
-  int dense_limit = 16;  // N*D at or below which the Jacobian is formed
+  int exact_up_to = 16;  // N*D at or below which the floating Jacobian is formed (not an
+                         // enclosure: nothing like the engines' dense_limit)
   int iters = 12;        // kLinf: Hager steps = iters / 3 (kL2 follows the engine's rule)
 };
 
 // sigma_1 with its singular pair (kL2), or a large row of J with its sign vector (kLinf:
-// Hager's estimator, started from warm->row when given); exact below tp.dense_limit.
+// Hager's estimator, started from warm->row when given); exact up to tp.exact_up_to.
 Pair ComputeTop(const Oracle& o, const Eigen::MatrixXd& x, NormKind norm, const Pair* warm, const TopParams& tp);
 
 // Gradient of <u, J(x) v> in x (the envelope theorem makes it the gradient of the norm at

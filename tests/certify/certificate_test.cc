@@ -42,8 +42,8 @@ Certificate FullCertificate() {
   c.norm = NormKind::kLinf;
   c.upper_bound = UpperBound(12.5);
   c.lower_bound = LowerBound(10.0);
-  c.engines = {{"block_norm", UpperBound(12.5), 0.5, "", true, {{"attention Jacobian", UpperBound(11.5)}}},
-               {"closed_form/kim", UpperBound(kInf), 0.0, "l2 attention only", false, {}}};
+  c.engines = {{EngineId::kBlockNorm, UpperBound(12.5), 0.5, "", true, {{"attention Jacobian", UpperBound(11.5)}}, {}},
+               {EngineId::kClosedFormKim, UpperBound(kInf), 0.0, "l2 attention only", false, {}, {}}};
   c.witness.origin = "multistart";
   c.witness.value = 10.25;
   c.witness.lower_bound = LowerBound(10.0);
@@ -336,8 +336,8 @@ TEST_F(WriteFileAtomicTest, ConcurrentReaderNeverSeesAPartialFile) {
 // reason, and a finite bound as its value.
 TEST(CertificateSummaryTest, RefusedAndTimedOutEnginesReadNotApplicable) {
   Certificate c = FullCertificate();
-  c.engines.push_back({"centre_norm", UpperBound(kInf), 3.0, "centre_norm: deadline passed before the bound was complete",
-                       true, {}});
+  c.engines.push_back({EngineId::kCentreNorm, UpperBound(kInf), 3.0,
+                       "centre_norm: deadline passed before the bound was complete", true, {}, {}});
   const std::string s = Summary(c);
   EXPECT_NE(s.find("block_norm=12.5"), std::string::npos) << s;
   EXPECT_NE(s.find("closed_form/kim=n/a (l2 attention only)"), std::string::npos) << s;

@@ -195,7 +195,7 @@ TEST(RunJobTest, FlushToZeroThreadIsRepairedAndRecorded) {
   // The block-norm engine is deterministic: the same bits in both threads.
   auto block = [](const Certificate& c) {
     for (const EngineResult& e : c.engines)
-      if (e.name == "block_norm") return e.upper.value();
+      if (e.id == EngineId::kBlockNorm) return e.upper.value();
     return -1.0;
   };
   ASSERT_GT(block(clean), 0);
