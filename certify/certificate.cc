@@ -156,8 +156,10 @@ nlohmann::json ToJson(const Certificate& c) {
                         {"threads", c.run.threads}};
   if (const auto& cal = c.run.calibration)
     run["time_model"] = {{"interval_probe_s", cal->interval_probe_s},
+                         {"interval_probe_cpu_s", cal->interval_probe_cpu_s},
                          {"interval_slowdown", cal->interval_slowdown},
                          {"gemm_probe_s", cal->gemm_probe_s},
+                         {"gemm_probe_cpu_s", cal->gemm_probe_cpu_s},
                          {"gemm_slowdown", cal->gemm_slowdown},
                          {"probe_s", cal->probe_seconds}};
   j["run"] = run;

@@ -2,9 +2,10 @@
 // (operations of a kernel class) x (seconds per operation on the reference machine) x
 // (this machine's slowdown for that class). The seconds per operation are named constants
 // fitted on the reference machine; the slowdown is measured once per process, on first
-// use, by a short probe of the same kernel class (MachineCalibration: a few interval
-// matrix products and double GEMMs, tens of milliseconds), so that a loaded or slower
-// machine gets budgets sized for itself, not for the reference. bench/time_model_bench.cc
+// use, by a short probe of the same kernel classes (MachineCalibration: interval matrix
+// products and double GEMMs, about 25 ms of work, its wall-clock time longer on a loaded
+// machine), so that a loaded or slower machine gets budgets sized for itself, not for the
+// reference. bench/time_model_bench.cc
 // prints the probe and each model against measured runs of the kernel it predicts: that is
 // how the constants are refit (on the reference machine, idle).
 //
@@ -25,12 +26,16 @@ MachineCalibration MeasureCalibration();
 
 namespace time_model {
 
-// The probes' seconds on the reference machine (refit with bench/time_model_bench.cc).
-inline constexpr int kIntervalProbeSize = 96;    // Mul of two n x n interval matrices
-inline constexpr int kGemmProbeSize = 192;       // n x n double GEMM
-inline constexpr int kProbeRuns = 3;             // best of
-inline constexpr double kReferenceIntervalProbeSeconds = 2.0e-3;
-inline constexpr double kReferenceGemmProbeSeconds = 1.0e-3;
+// The probes, and their seconds on the reference machine idle (its thread's CPU seconds:
+// a 2-core Xeon, Cooper Lake, -march=native; refit with bench/time_model_bench.cc). Each
+// probe runs its products back to back and is timed as a whole, long enough (tens of
+// scheduler slices on a loaded machine) for the wall clock to read the load.
+inline constexpr int kIntervalProbeSize = 128;   // Mul of two n x n interval matrices,
+inline constexpr int kIntervalProbeReps = 32;    // this many times
+inline constexpr int kGemmProbeSize = 256;       // n x n double GEMM,
+inline constexpr int kGemmProbeReps = 16;        // this many times
+inline constexpr double kReferenceIntervalProbeSeconds = 0.0125;
+inline constexpr double kReferenceGemmProbeSeconds = 0.011;
 
 // The dense `centred` engine (certify/centred_engine.h): about 1e4 operations per entry of
 // its ND x ND enclosure (blocks and the norm certificate's products; measured from N*D = 256
