@@ -136,9 +136,14 @@ EngineBound PostLnVariationBound(const AttentionLayer& L, const TokenCover& cove
                ", V_M " + std::to_string(v_m) + ", U_M " + std::to_string(u_m) + ")";
     return out;
   }
-  // The per-token cover of Y: ||M_i(X) - M_i(X0)|| <= U2 ||X - X0||_F on the segment in S.
-  const double moved = MulUp(u2, JointRadiusUp(cover).value());
-  const TokenCover y_cover = PostLnYCover(L, cover, Eigen::VectorXd::Constant(n, moved), exp_backend);
+  // The per-token cover of Y: on the segment X_t in S, ||M_i(X) - M_i(X0)|| <= sup_t ||J_{M,i}(X_t)||_2 ||X - X0||_F,
+  // and ||J_{M,i}(X_t)|| <= min(U2, ||J_{M,i}(X0)|| + V_2) (a row block is at most the whole).
+  const double joint = JointRadiusUp(cover).value();
+  Eigen::VectorXd moved = Eigen::VectorXd::Constant(n, MulUp(u2, joint));
+  if (in.mha_row_centre_l2.size() == n)
+    for (Eigen::Index i = 0; i < n; ++i)
+      moved(i) = std::min(moved(i), MulUp(AddUp(in.mha_row_centre_l2(i), in.mha_l2_variation.value()), joint));
+  const TokenCover y_cover = PostLnYCover(L, cover, moved, exp_backend);
   // The LayerNorm factors: ln_jac at yc (radius 0 enclosures), delta_ln over the balls (norm 2),
   // ell the sup over the balls in the norm p.
   const MhaInput f = PostLnFactors(L, y_cover, in.norm);
@@ -172,6 +177,27 @@ EngineBound PostLnVariationBound(const AttentionLayer& L, const TokenCover& cove
     report->y_cover = y_cover;
     report->ln_centre = ln_centre;
     report->ln_variation = ln_var;
+  }
+  return out;
+}
+
+Eigen::VectorXd MhaRowBlockNormsUp(const AttentionLayer& mha, const Eigen::MatrixXd& x0, long dense_limit, int threads,
+                                   std::chrono::steady_clock::time_point deadline) {
+  const int n = int(x0.rows()), d = int(x0.cols());
+  if (long(n) * d > dense_limit || mha.post_ln() || mha.layer_norm) return {};
+  CentreNormOptions co;
+  co.mha_only = true;
+  co.threads = threads;
+  co.deadline = deadline;
+  co.dense_limit = long(n) * d;
+  const IntervalMatrix jm = CentreJacobianEnclosure(mha, x0, co);
+  if (std::chrono::steady_clock::now() > deadline) return {};
+  Eigen::VectorXd out(n);
+  for (int i = 0; i < n; ++i) {
+    // ||B|| = ||B^T||, and B^T (ND x D) has the D x D Gram matrix.
+    const IntervalMatrix bt(jm.mid.middleRows(i * d, d).transpose(), jm.rad.middleRows(i * d, d).transpose());
+    out(i) = NormL2UpperGram(bt, threads, nullptr, deadline).value();
+    if (!std::isfinite(out(i))) return {};
   }
   return out;
 }
@@ -293,6 +319,8 @@ EngineResult PostLnVariationCandidate(const AttentionLayer& L, const InputSet& s
   in.mha_upper = mp.upper;
   in.mha_centre = mp.centre;
   in.mha_variation = mp.variation;
+  if (set.radius > 0)  // the rows of J_M(X0) size the cover of Y token by token
+    in.mha_row_centre_l2 = MhaRowBlockNormsUp(L.WithoutPostLayerNorm(), set.center, inf_dense_limit, threads, deadline);
   if (p == NormKind::kL2) {
     in.centre = centre_l2;
     if (!std::isfinite(centre_l2.value())) {

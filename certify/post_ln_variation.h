@@ -40,6 +40,9 @@ struct PostLnVariationInputs {
   UpperBound mha_l2_upper{kInf};    // >= sup_S ||J_M(X)||_2 (sizes the cover of Y whatever p is)
   UpperBound mha_l2_centre{kInf};   // >= ||J_M(X0)||_2 (with the next, a second bound on the one above)
   UpperBound mha_l2_variation{kInf};  // >= sup_S ||J_M(X) - J_M(X0)||_2
+  // Optional (empty: not known): row_centre_l2(i) >= ||J_{M,i}(X0)||_2, token i's row block
+  // (D x ND); then ||M_i(X) - M_i(X0)|| <= (row_centre_l2(i) + V_2) ||X - X0||_F as well.
+  Eigen::VectorXd mha_row_centre_l2;
 
   // "" when valid, else a message naming the field.
   std::string IsValid() const;
@@ -66,6 +69,13 @@ struct PostLnVariationReport {
 // enclosure is not finite.
 TokenCover PostLnYCover(const AttentionLayer& layer, const TokenCover& cover, const Eigen::VectorXd& displacement,
                         ExpBackend exp_backend = DefaultExpBackend());
+
+// >= ||J_{M,i}(X0)||_2 for every token i (the row blocks of MHA's Jacobian at x0, from the
+// dense enclosure of the centre_norm assembly, each certified by the Gram certificate of its
+// D x D Gram matrix). `layer` is MHA alone. Empty when N*D > dense_limit or the deadline passed.
+Eigen::VectorXd MhaRowBlockNormsUp(const AttentionLayer& mha, const Eigen::MatrixXd& x0, long dense_limit, int threads,
+                                   std::chrono::steady_clock::time_point deadline =
+                                       std::chrono::steady_clock::time_point::max());
 
 // The bound above as an engine (name "post_ln_variation"), with terms naming the centre norm,
 // the MHA variation and the LayerNorm variation. Throws std::invalid_argument when the layer

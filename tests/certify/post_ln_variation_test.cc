@@ -115,6 +115,7 @@ PostLnVariationInputs InputsFor(const AttentionLayer& L, const InputSet& set, No
   in.mha_upper = mp.upper;
   in.mha_centre = mp.centre;
   in.mha_variation = mp.variation;
+  in.mha_row_centre_l2 = MhaRowBlockNormsUp(L.WithoutPostLayerNorm(), set.center, 1L << 30, 1);
   if (p == NormKind::kL2) {
     in.centre = PostLnCentreBound(L, set.center, BoundOptions{}).terms.at(0).value;
   } else {
@@ -222,6 +223,41 @@ TEST(PostLnVariation, EachTermFailsAtFourFifths) {
   EXPECT_EQ(centre_fails, cases);
   EXPECT_EQ(factor_fails, cases);
   EXPECT_GT(ln_fails, cases / 2);
+}
+
+// The row blocks of J_M(X0): certified above the MPFR sigma_1 of each block and within 1e-6
+// of it (so 0.8 of it fails), and the cover of Y they give holds: ||y_i - yc_i|| <= rho_i at
+// random points and at the search's points of the set.
+TEST(PostLnVariation, RowBlocksAndTheCoverOfYHold) {
+  mpfr::mpreal::set_default_prec(256);
+  std::mt19937_64 rng(3607);
+  const long cases = testing::Count(12);
+  long points = 0;
+  for (long c = 0; c < cases; ++c) {
+    const SetCase s = RandomSetCase(c, rng, -3, 0);
+    const AttentionLayer mha = s.layer.WithoutPostLayerNorm();
+    const Eigen::VectorXd rows = MhaRowBlockNormsUp(mha, s.set.center, 1L << 30, 1);
+    const int n = int(s.set.center.rows()), d = s.layer.d_model;
+    ASSERT_EQ(rows.size(), n);
+    const Eigen::MatrixXd jm0 = JacobianMp(mha, s.set.center);
+    for (int i = 0; i < n; ++i) {
+      const double exact = Sigma1(jm0.middleRows(i * d, d));
+      EXPECT_GE(rows(i), exact) << "case " << c;
+      EXPECT_LE(rows(i), exact * (1 + 1e-6) + 1e-12) << "case " << c;
+    }
+    EXPECT_EQ(MhaRowBlockNormsUp(mha, s.set.center, 1, 1).size(), 0);
+    PostLnVariationReport rep;
+    PostLnVariationBound(s.layer, CoverOf(s.set), InputsFor(s.layer, s.set, NormKind::kL2), DefaultExpBackend(), &rep);
+    ASSERT_EQ(rep.y_cover.radius.size(), n);
+    for (int k = 0; k < 8; ++k) {
+      const Eigen::MatrixXd x = RandomPointIn(s.set, rng, k % 2 ? 1.0 : 0.5);
+      const Eigen::MatrixXd y = x + ToDouble(Forward<mpreal>(mha, M(x.cast<mpreal>())));
+      for (int i = 0; i < n; ++i)
+        EXPECT_LE((y.row(i) - rep.y_cover.center.row(i)).norm(), rep.y_cover.radius(i)) << "case " << c << " token " << i;
+      ++points;
+    }
+  }
+  EXPECT_EQ(points, 8 * cases);
 }
 
 // LayerNormVariationUp dominates MPFR ||J_LN(y) - J_LN(yc)|| at random, radial and turned
