@@ -6,6 +6,7 @@
 #include <stdexcept>
 
 #include "certify/centre_norm.h"
+#include "certify/centred_engine.h"
 #include "certify/layer_norm_cover.h"
 #include "certify/layer_norm_enclosure.h"
 #include "certify/witness_eval.h"
@@ -319,8 +320,33 @@ EngineResult PostLnVariationCandidate(const AttentionLayer& L, const InputSet& s
   in.mha_upper = mp.upper;
   in.mha_centre = mp.centre;
   in.mha_variation = mp.variation;
-  if (set.radius > 0)  // the rows of J_M(X0) size the cover of Y token by token
-    in.mha_row_centre_l2 = MhaRowBlockNormsUp(L.WithoutPostLayerNorm(), set.center, inf_dense_limit, threads, deadline);
+  const AttentionLayer mha = L.WithoutPostLayerNorm();
+  if (set.radius > 0) {
+    // The rows of J_M(X0) size the cover of Y token by token; ||J_M(X0)||_2^2 <= sum_i ||J_{M,i}(X0)||_2^2.
+    in.mha_row_centre_l2 = MhaRowBlockNormsUp(mha, set.center, inf_dense_limit, threads, deadline);
+    if (in.mha_row_centre_l2.size()) {
+      double sum2 = 0;
+      for (Eigen::Index i = 0; i < in.mha_row_centre_l2.size(); ++i)
+        sum2 = AddUp(sum2, MulUp(in.mha_row_centre_l2(i), in.mha_row_centre_l2(i)));
+      if (SqrtUp(sum2) < in.mha_l2_centre.value()) in.mha_l2_centre = UpperBound(SqrtUp(sum2));
+      if (p == NormKind::kL2 && SqrtUp(sum2) < in.mha_centre.value()) in.mha_centre = UpperBound(SqrtUp(sum2));
+    }
+    // MHA's variation where its certificate has none: the centred form's variation half
+    // (certify/centred_engine.h), refining for half of the time left.
+    const auto variation_of = [&](NormKind q) {
+      BoundOptions bo;
+      bo.norm = q;
+      bo.threads = threads;
+      bo.deadline = deadline;
+      const auto now = std::chrono::steady_clock::now();
+      const auto refine = deadline == std::chrono::steady_clock::time_point::max() ? deadline : now + (deadline - now) / 2;
+      const CentredVariation v = CentredVariationBound(mha, cover, bo, refine);
+      return v.complete ? v.variation : UpperBound(kInf);
+    };
+    if (!std::isfinite(in.mha_l2_variation.value())) in.mha_l2_variation = variation_of(NormKind::kL2);
+    if (p == NormKind::kL2) in.mha_variation = in.mha_l2_variation;
+    else if (!std::isfinite(in.mha_variation.value())) in.mha_variation = variation_of(p);
+  }
   if (p == NormKind::kL2) {
     in.centre = centre_l2;
     if (!std::isfinite(centre_l2.value())) {
