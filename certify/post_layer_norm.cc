@@ -318,7 +318,7 @@ Certificate CertifyPostLayerNorm(const AttentionLayer& L, const InputSet& set, c
   if (dense_centre && at_point) run_dense(deflated_centre ? 0.85 : 0.7);
   mo.time_limit_s = o.norm == NormKind::kL2 ? 0.8 * o.time_limit_s : 0.4 * o.time_limit_s;
   if (o.norm != NormKind::kL2 && !mha.layer_norm && long(set.center.size()) <= kPostLnInfDenseLimit)
-    mo.time_limit_s = 0.25 * o.time_limit_s;  // the sublayer's own inf centre (post_ln_variation) runs after
+    mo.time_limit_s = 0.15 * o.time_limit_s;  // the sublayer's own inf centre (post_ln_variation) runs after
   if (dense_centre && at_point)
     mo.time_limit_s = std::max(0.05, std::min((dense.applied ? 0.1 : 0.4) * o.time_limit_s,
                                               0.5 * (o.time_limit_s - SecondsSince(start))));
