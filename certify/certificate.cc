@@ -33,6 +33,7 @@ const char* EngineIdToString(EngineId id) {
     case EngineId::kBranchAndBound: return "branch_and_bound";
     case EngineId::kPostLnComposition: return "post_ln_composition";
     case EngineId::kPostLnCentre: return "post_ln_centre";
+    case EngineId::kPostLnVariation: return "post_ln_variation";
   }
   return "?";
 }
@@ -40,7 +41,7 @@ const char* EngineIdToString(EngineId id) {
 bool StringToEngineId(const std::string& name, EngineId* id) {
   for (EngineId e : {EngineId::kClosedFormCastin, EngineId::kClosedFormKim, EngineId::kClosedFormKimInf,
                      EngineId::kBlockNorm, EngineId::kCentred, EngineId::kCentreNorm, EngineId::kBranchAndBound,
-                     EngineId::kPostLnComposition, EngineId::kPostLnCentre})
+                     EngineId::kPostLnComposition, EngineId::kPostLnCentre, EngineId::kPostLnVariation})
     if (name == EngineIdToString(e)) {
       *id = e;
       return true;
