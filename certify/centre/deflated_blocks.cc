@@ -38,6 +38,57 @@ void CheckBasis(const Eigen::MatrixXd& x0, const Eigen::MatrixXd& v, const Eigen
     throw std::invalid_argument("deflation: V and Y must both be (N D) x k with k >= 1");
 }
 
+// Row offset and row count of token group t (g tokens of width d, n tokens in all).
+std::pair<long, long> GroupRows(int t, int n, int g, int d) {
+  return std::pair<long, long>{long(t) * g * d, long(std::min(n, (t + 1) * g) - t * g) * d};
+}
+
+// How many deflation vectors would fit at the pace of the probe block (0: fewer than
+// kMinDeflationVectors). Every block again, with a margin of 1.2: per block, the certificate
+// and the assembly, and the GEMMs at k' / k of their time.
+int FewerVectorsAtPace(const CentreNormOptions& o, int groups, int k, double block_rest_s, double assembly_s,
+                       double gram_s) {
+  const double per_block = SecondsLeft(o.deadline) / (1.2 * double(groups * groups));
+  const double gemm_s = std::max(block_rest_s - assembly_s, 1e-9);
+  const double fits = double(k) * (per_block - gram_s - assembly_s) / gemm_s;
+  const int kept = int(std::max(0.0, std::floor(std::min(fits, 0.9 * k))));  // a real step down
+  return kept >= kMinDeflationVectors ? kept : 0;
+}
+
+// The bound from the pass's sums (DeflatedSuperBlockBound): alpha, beta and gamma from
+// fl(D), fl(E^T Y), their error terms per row group and the block bounds b, and the
+// parts into the report.
+UpperBound CombineDeflated(const Eigen::MatrixXd& d_fl, const Eigen::MatrixXd& ety_fl, const std::vector<double>& d_abs,
+                           const std::vector<double>& d_enc, const std::vector<double>& ety_abs,
+                           const std::vector<double>& ety_enc, const Eigen::MatrixXd& b, const Eigen::MatrixXd& y,
+                           double eps, int n, int g, int d, CentreNormReport* rep) {
+  const int k = int(d_fl.cols());  // the columns of V
+  const long nd = long(n) * d;
+  const int groups = (n + g - 1) / g;
+  auto rows = [&](int t) { return GroupRows(t, n, g, d); };
+  // Each entry of D and E^T Y sums nd products (the blocks' GEMMs and their accumulation).
+  double d_err = 0, ety_err = 0;
+  for (int t = 0; t < groups; ++t) {
+    const double m = double(rows(t).second);
+    d_err = AddUp(d_err, AddUp(SumErrorF(double(nd), d_abs[t], m, k), d_enc[t]));
+    ety_err = AddUp(ety_err, AddUp(SumErrorF(double(nd), ety_abs[t], m, k), ety_enc[t]));
+  }
+  const double d_norm = AddUp(NormFrobeniusUpper(d_fl).value(), d_err);
+  const double gamma_root = NormL2UpperNonneg(b).value();
+  const double alpha_root = AddUp(NormL2Upper(y).value(), d_norm);
+  const double beta = AddUp(AddUp(NormL2Upper(ety_fl).value(), ety_err), MulUp(d_norm, gamma_root));
+  const double alpha = MulUp(alpha_root, alpha_root), gamma = MulUp(gamma_root, gamma_root);
+  const double half_sum = DivUp(AddUp(alpha, gamma), 2.0);
+  const double half_diff = DivUp(std::max(SubUp(alpha, gamma), SubUp(gamma, alpha)), 2.0);
+  const double lambda = AddUp(half_sum, SqrtUp(AddUp(MulUp(half_diff, half_diff), MulUp(beta, beta))));
+  rep->deflation_vectors = k;  // the columns of V (fewer than asked when the deadline cut the Lanczos run)
+  rep->deflated_top = alpha_root;
+  rep->deflated_rest = gamma_root;
+  rep->deflation_coupling = beta;
+  rep->deflation_orthogonality = eps;
+  return UpperBound(SqrtUp(MulUp(lambda, AddUp(1.0, MulUp(eps, AddUp(1.0, eps))))));
+}
+
 }  // namespace
 
 // A Frobenius-norm bound on the rounding error of a floating sum of `terms` terms per entry
@@ -64,7 +115,6 @@ double SumErrorF(double terms, double abs_terms_f, double rows, double cols) {
 // norm-wise. Three GEMMs of m x m x k per block and the block's Gram certificate.
 // `block(r0, r1, c0, c1, &out)` encloses the block of J for tokens [r0, r1) x [c0, c1) in
 // out (every entry written; out's storage is reused from block to block).
-
 // With may_abandon, the second block's time (the first is slowed by first-touch pages) is a
 // probe of the machine's present speed: when
 // every block at that pace would not fit before the deadline, the pass stops there (+inf,
@@ -81,7 +131,7 @@ UpperBound DeflatedSuperBlockBound(const BlockAssembler& block, int n, int d, co
   const int k = int(v.cols());
   const long nd = long(n) * d;
   const int groups = (n + g - 1) / g;
-  auto rows = [&](int t) { return std::pair<long, long>{long(t) * g * d, long(std::min(n, (t + 1) * g) - t * g) * d}; };
+  auto rows = [&](int t) { return GroupRows(t, n, g, d); };
   if (!v.allFinite() || !y.allFinite()) return UpperBound(kInf);  // no bound from a basis that overflowed
   const IntervalMatrix vtv = Mul(Eigen::MatrixXd(v.transpose()), v);
   const double eps = NormL2UpperInterval(vtv - IntervalMatrix::Point(Eigen::MatrixXd::Identity(k, k))).value();
@@ -142,41 +192,13 @@ UpperBound DeflatedSuperBlockBound(const BlockAssembler& block, int n, int d, co
       if (may_abandon && done == std::min(2, groups * groups - 1) && !frobenius &&
           1.15 * (block_rest_s + gram_s) * double(groups * groups - done) > SecondsLeft(o.deadline)) {
         rep->deflation_abandoned = true;
-        if (fewer_vectors) {
-          // Every block again, with a margin of 1.2: per block, the certificate and the
-          // assembly, and the GEMMs at k' / k of their time.
-          const double per_block = SecondsLeft(o.deadline) / (1.2 * double(groups * groups));
-          const double gemm_s = std::max(block_rest_s - assembly_s, 1e-9);
-          const double fits = double(k) * (per_block - gram_s - assembly_s) / gemm_s;
-          const int kept = int(std::max(0.0, std::floor(std::min(fits, 0.9 * k))));  // a real step down
-          if (kept >= kMinDeflationVectors) *fewer_vectors = kept;
-        }
+        if (fewer_vectors) *fewer_vectors = FewerVectorsAtPace(o, groups, k, block_rest_s, assembly_s, gram_s);
         return UpperBound(kInf);
       }
     }
   }
-  // Each entry of D and E^T Y sums nd products (the blocks' GEMMs and their accumulation).
-  double d_err = 0, ety_err = 0;
-  for (int t = 0; t < groups; ++t) {
-    const double m = double(rows(t).second);
-    d_err = AddUp(d_err, AddUp(SumErrorF(double(nd), d_abs[t], m, k), d_enc[t]));
-    ety_err = AddUp(ety_err, AddUp(SumErrorF(double(nd), ety_abs[t], m, k), ety_enc[t]));
-  }
   if (!b.allFinite()) return UpperBound(kInf);  // a block that overflowed
-  const double d_norm = AddUp(NormFrobeniusUpper(d_fl).value(), d_err);
-  const double gamma_root = NormL2UpperNonneg(b).value();
-  const double alpha_root = AddUp(NormL2Upper(y).value(), d_norm);
-  const double beta = AddUp(AddUp(NormL2Upper(ety_fl).value(), ety_err), MulUp(d_norm, gamma_root));
-  const double alpha = MulUp(alpha_root, alpha_root), gamma = MulUp(gamma_root, gamma_root);
-  const double half_sum = DivUp(AddUp(alpha, gamma), 2.0);
-  const double half_diff = DivUp(std::max(SubUp(alpha, gamma), SubUp(gamma, alpha)), 2.0);
-  const double lambda = AddUp(half_sum, SqrtUp(AddUp(MulUp(half_diff, half_diff), MulUp(beta, beta))));
-  rep->deflation_vectors = k;  // the columns of V (fewer than asked when the deadline cut the Lanczos run)
-  rep->deflated_top = alpha_root;
-  rep->deflated_rest = gamma_root;
-  rep->deflation_coupling = beta;
-  rep->deflation_orthogonality = eps;
-  return UpperBound(SqrtUp(MulUp(lambda, AddUp(1.0, MulUp(eps, AddUp(1.0, eps))))));
+  return CombineDeflated(d_fl, ety_fl, d_abs, d_enc, ety_abs, ety_enc, b, y, eps, n, g, d, rep);
 }
 
 // The report of a deflated run before its pass: the method and the token groups.

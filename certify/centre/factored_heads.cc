@@ -80,13 +80,37 @@ UpperBound PathsUp(UpperBound mean, UpperBound kq, UpperBound spread, UpperBound
   return UpperBound(SqrtUp(sq)) + spread;
 }
 
-}  // namespace
+// The values' bound and what the cross terms reuse: W = sum_h W_h, ||Wo||, the spread of the
+// heads' P_h about Pbar, ||Pbar||, ||W|| and the mean's bound ||Pbar|| ||W||.
+struct FactoredValues {
+  IntervalMatrix w_sum;
+  UpperBound wo_norm{kInf}, spread{kInf}, p_bar_norm{kInf}, w_sum_norm{kInf}, mean{kInf}, value{kInf};
+};
 
-FactoredParts FactoredHeadsBound(const CentreState& S, const AttentionLayer& L, int threads, Deadline deadline) {
-  FactoredParts out;
-  const int n = S.n, d = S.d, hs = S.heads;
-  if (!S.dot || S.ln || S.identity) return out;
-  // The values.
+// ||(I (x) Wo) blockdiag_h(D_h (x) I) (I (x) Wv)|| <= ||[s_h Wo_h]_h|| ||[(||D_h|| / s_h) Wv_h]_h||
+// for any s_h > 0 (one factor's columns, the other's rows scaled): s_h = 1 and
+// s_h = sqrt(||D_h||) besides the common max_h ||D_h||; dn[h] >= ||D_h||.
+UpperBound ScaledPairUp(const AttentionLayer& L, UpperBound wo_norm, const std::vector<double>& dn, int threads) {
+  const int hs = L.heads;
+  const int dv = L.head_dim_v;
+  std::vector<Interval> col_scale(size_t(hs) * dv), row_scale(size_t(hs) * dv);
+  for (int h = 0; h < hs; ++h)
+    for (int c = 0; c < dv; ++c) {
+      col_scale[size_t(h) * dv + c] = Sqrt(Interval(dn[h]));
+      row_scale[size_t(h) * dv + c] = Interval(dn[h]);
+    }
+  const IntervalMatrix wo_t = IntervalMatrix::Point(Eigen::MatrixXd(L.wo.transpose())), wv = IntervalMatrix::Point(L.wv);
+  const UpperBound rows_only = MulNonneg(wo_norm, NormL2UpperGram(ScaleRows(wv, row_scale), threads));
+  const UpperBound split = MulNonneg(NormL2UpperGram(ScaleRows(wo_t, col_scale), threads),
+                                     NormL2UpperGram(ScaleRows(wv, col_scale), threads));
+  return Min(rows_only, split);
+}
+
+// The values: ||V|| through Pbar, the heads' spread about it and W. False (and *v
+// unfinished) when the deadline passed after the heads' norms.
+bool FactoredValuesBound(const CentreState& S, const AttentionLayer& L, int threads, Deadline deadline,
+                         FactoredValues* v) {
+  const int hs = S.heads;
   IntervalMatrix p_sum = S.head[0].p, w_sum = S.head[0].w;
   for (int h = 1; h < hs; ++h) {
     p_sum = p_sum + S.head[h].p;
@@ -99,7 +123,7 @@ FactoredParts FactoredHeadsBound(const CentreState& S, const AttentionLayer& L, 
     dev_norm[h] = NormL2UpperGram(S.head[h].p - p_bar, 1).value();
     w_norm[h] = NormL2UpperGram(S.head[h].w, 1).value();
   });
-  if (Past(deadline)) return out;
+  if (Past(deadline)) return false;
   const UpperBound wo_norm = NormL2UpperGram(L.wo, threads);
   const UpperBound wo_wv = MulNonneg(wo_norm, NormL2UpperGram(Eigen::MatrixXd(L.wv.transpose()), threads));
   UpperBound spread_heads(0.0), whole_heads(0.0);
@@ -107,42 +131,46 @@ FactoredParts FactoredHeadsBound(const CentreState& S, const AttentionLayer& L, 
     spread_heads = spread_heads + MulNonneg(UpperBound(dev_norm[h]), UpperBound(w_norm[h]));
     whole_heads = whole_heads + MulNonneg(UpperBound(p_norm[h]), UpperBound(w_norm[h]));
   }
-  // ||(I (x) Wo) blockdiag_h(D_h (x) I) (I (x) Wv)|| <= ||[s_h Wo_h]_h|| ||[(||D_h|| / s_h) Wv_h]_h||
-  // for any s_h > 0 (one factor's columns, the other's rows scaled): s_h = 1 and
-  // s_h = sqrt(||D_h||) besides the common max_h ||D_h||.
-  const auto scaled_pair = [&](const std::vector<double>& dn) {
-    const int dv = L.head_dim_v;
-    std::vector<Interval> col_scale(size_t(hs) * dv), row_scale(size_t(hs) * dv);
-    for (int h = 0; h < hs; ++h)
-      for (int c = 0; c < dv; ++c) {
-        col_scale[size_t(h) * dv + c] = Sqrt(Interval(dn[h]));
-        row_scale[size_t(h) * dv + c] = Interval(dn[h]);
-      }
-    const IntervalMatrix wo_t = IntervalMatrix::Point(Eigen::MatrixXd(L.wo.transpose())), wv = IntervalMatrix::Point(L.wv);
-    const UpperBound rows_only = MulNonneg(wo_norm, NormL2UpperGram(ScaleRows(wv, row_scale), threads));
-    const UpperBound split = MulNonneg(NormL2UpperGram(ScaleRows(wo_t, col_scale), threads),
-                                       NormL2UpperGram(ScaleRows(wv, col_scale), threads));
-    return Min(rows_only, split);
-  };
   const UpperBound spread = Min(Min(MulNonneg(wo_wv, UpperBound(*std::max_element(dev_norm.begin(), dev_norm.end()))), spread_heads),
-                                scaled_pair(dev_norm));
+                                ScaledPairUp(L, wo_norm, dev_norm, threads));
   const UpperBound p_bar_norm = NormL2UpperGram(p_bar, threads), w_sum_norm = NormL2UpperGram(w_sum, threads);
   const UpperBound mean = MulNonneg(p_bar_norm, w_sum_norm);
-  out.value = Min(Min(mean + spread, MulNonneg(wo_wv, UpperBound(*std::max_element(p_norm.begin(), p_norm.end())))),
-                  Min(whole_heads, scaled_pair(p_norm)));
-  // Per query token i: alpha_i >= ||A_i|| and ||E_i||.
+  v->value = Min(Min(mean + spread, MulNonneg(wo_wv, UpperBound(*std::max_element(p_norm.begin(), p_norm.end())))),
+                 Min(whole_heads, ScaledPairUp(L, wo_norm, p_norm, threads)));
+  v->w_sum = std::move(w_sum);
+  v->wo_norm = wo_norm;
+  v->spread = spread;
+  v->p_bar_norm = p_bar_norm;
+  v->w_sum_norm = w_sum_norm;
+  v->mean = mean;
+  return true;
+}
+
+// Per query token i: alpha_i >= ||A_i|| and ||E_i||; for the cross term, every E_i's
+// floating midpoint, a bound on its norm and on its distance to E_i (Frobenius), where they
+// fit in memory; and the pass's seconds.
+struct QueryRows {
+  std::vector<double> alpha, e_norm, e_mid_norm, e_dist;
+  std::vector<Eigen::MatrixXd> e_mids;
+  bool keep_e = false;
+  double seconds = 0;
+};
+
+QueryRows QueryRowsOf(const CentreState& S, int threads, Deadline deadline) {
+  const int n = S.n, d = S.d, hs = S.heads;
   IntervalMatrix bt_stack(Eigen::MatrixXd::Zero(long(hs) * n, d), Eigen::MatrixXd::Zero(long(hs) * n, d));
   for (int h = 0; h < hs; ++h) {
     bt_stack.mid.middleRows(long(h) * n, n) = S.head[h].bt.mid;
     bt_stack.rad.middleRows(long(h) * n, n) = S.head[h].bt.rad;
   }
   const double mb_f = NormFrobeniusUpper(bt_stack.mid).value(), rb_f = NormFrobeniusUpper(bt_stack.rad).value();
-  std::vector<double> alpha(n, kInf), e_norm(n, kInf);
-  // For the cross term: every E_i's floating midpoint, a bound on its norm and on its
-  // distance to E_i (Frobenius), where they fit in memory.
-  const bool keep_e = double(n) * d * d * sizeof(double) <= kFactoredCrossBytes;
-  std::vector<Eigen::MatrixXd> e_mids(keep_e ? n : 0);
-  std::vector<double> e_mid_norm(n, kInf), e_dist(n, kInf);
+  QueryRows q;
+  q.alpha.assign(n, kInf);
+  q.e_norm.assign(n, kInf);
+  q.keep_e = double(n) * d * d * sizeof(double) <= kFactoredCrossBytes;
+  q.e_mids.resize(q.keep_e ? n : 0);
+  q.e_mid_norm.assign(n, kInf);
+  q.e_dist.assign(n, kInf);
   const auto t_rows = std::chrono::steady_clock::now();
   ParallelFor(n, WorkerCount(threads, n), [&](int i, int) {
     if (Past(deadline)) return;
@@ -154,21 +182,30 @@ FactoredParts FactoredHeadsBound(const CentreState& S, const AttentionLayer& L, 
       a_stack.mid.middleRows(long(h) * n, n) = a.mid;
       a_stack.rad.middleRows(long(h) * n, n) = a.rad;
     }
-    alpha[i] = NormL2UpperGram(a_stack, 1).value();
+    q.alpha[i] = NormL2UpperGram(a_stack, 1).value();
     // E_i = a^T bt about fl(Ma^T Mb): one GEMM, its rounding (SumErrorF, |Ma|^T |Mb| <=
     // ||Ma||_F ||Mb||_F) and the radii norm-wise (|Ma|^T Rb + Ra^T |Mb| + Ra^T Rb).
     const double ma_f = NormFrobeniusUpper(a_stack.mid).value(), ra_f = NormFrobeniusUpper(a_stack.rad).value();
     Eigen::MatrixXd e_mid = a_stack.mid.transpose() * bt_stack.mid;
-    e_mid_norm[i] = NormL2UpperGram(e_mid, 1).value();
-    e_dist[i] = AddUp(SumErrorF(double(hs) * n, MulUp(ma_f, mb_f), d, d),
-                      AddUp(MulUp(ma_f, rb_f), MulUp(ra_f, AddUp(mb_f, rb_f))));
-    e_norm[i] = AddUp(e_mid_norm[i], e_dist[i]);
-    if (keep_e) e_mids[i] = std::move(e_mid);
+    q.e_mid_norm[i] = NormL2UpperGram(e_mid, 1).value();
+    q.e_dist[i] = AddUp(SumErrorF(double(hs) * n, MulUp(ma_f, mb_f), d, d),
+                        AddUp(MulUp(ma_f, rb_f), MulUp(ra_f, AddUp(mb_f, rb_f))));
+    q.e_norm[i] = AddUp(q.e_mid_norm[i], q.e_dist[i]);
+    if (q.keep_e) q.e_mids[i] = std::move(e_mid);
   });
-  const double rows_s = SecondsSince(t_rows);
-  if (Past(deadline)) return out;
-  out.queries = UpperBound(*std::max_element(e_norm.begin(), e_norm.end()));
-  // The keys: Phi = [alpha_i g^h_i] over (h, i).
+  q.seconds = SecondsSince(t_rows);
+  return q;
+}
+
+// The keys: Phi = [alpha_i g^h_i] over (h, i), its norm, and ||K|| (the smaller of ||Phi||
+// and the same with Wo taken out).
+struct KeyRows {
+  IntervalMatrix phi;
+  UpperBound phi_norm{kInf}, keys{kInf};
+};
+
+KeyRows KeysBound(const CentreState& S, const std::vector<double>& alpha, UpperBound wo_norm, int threads) {
+  const int n = S.n, d = S.d, hs = S.heads;
   IntervalMatrix g_stack(Eigen::MatrixXd::Zero(long(hs) * n, d), Eigen::MatrixXd::Zero(long(hs) * n, d));
   std::vector<Interval> scale(size_t(hs) * n);
   for (int h = 0; h < hs; ++h) {
@@ -176,8 +213,9 @@ FactoredParts FactoredHeadsBound(const CentreState& S, const AttentionLayer& L, 
     g_stack.rad.middleRows(long(h) * n, n) = S.head[h].g.rad;
     for (int i = 0; i < n; ++i) scale[size_t(h) * n + i] = Interval(alpha[i]);
   }
-  const IntervalMatrix phi = ScaleRows(g_stack, scale);
-  const UpperBound phi_norm = NormL2UpperGram(phi, threads);
+  KeyRows k;
+  k.phi = ScaleRows(g_stack, scale);
+  k.phi_norm = NormL2UpperGram(k.phi, threads);
   // Or with Wo taken out: K = (I (x) Wo) [K_h]_h, K_h's blocks P_ij (v_j - vbar_i) g_i^T, so
   // ||K|| <= ||Wo|| ||Phi'||, Phi' the rows alpha^h_i g^h_i, alpha^h_i >= ||[P_ij (v_j - vbar_i)]_j||.
   std::vector<Interval> head_scale(size_t(hs) * n);
@@ -189,50 +227,74 @@ FactoredParts FactoredHeadsBound(const CentreState& S, const AttentionLayer& L, 
       head_scale[size_t(h) * n + i] = Interval(NormL2UpperGram(a, 1).value());
     }
   });
-  out.keys = Min(phi_norm, MulNonneg(wo_norm, NormL2UpperGram(ScaleRows(g_stack, head_scale), threads)));
-  // The cross terms (KeysAndQueriesUp, PathsUp), where the rows' pass fits again before the
-  // deadline (per token the same GEMM and Gram, and a D x D GEMM and Gram for W E_j^T):
-  //   ||Phi E_j^T|| <= ||fl(Phi_mid Em_j^T)|| + its rounding + ||Phi|| dist_j + ||Phi_rad||_F (||Em_j|| + dist_j),
-  //   ||W E_j^T||   <= ||fl(W_mid Em_j^T)|| + its rounding + ||W|| dist_j + ||W_rad||_F ||E_j||,
-  //   ||W Phi^T||   <= ||fl(W_mid Phi_mid^T)|| + its rounding + ||W|| ||Phi_rad||_F + ||Phi|| ||W_rad||_F.
-  // The tokens go in decreasing ||E_j||, a pair at a time, and stop where the terms so far
-  // (the rest taken as 0, which gives lower values of both bounds) already lose to the
-  // paths summed: sharp heads (MiniLM: keys and queries 29.1 against 19.0 at N = 64).
-  if (keep_e && std::isfinite(phi_norm.value()) && 1.8 * rows_s < SecondsLeft(deadline)) {
-    const double phi_mid_f = NormFrobeniusUpper(phi.mid).value(), phi_rad_f = NormFrobeniusUpper(phi.rad).value();
-    const double w_mid_f = NormFrobeniusUpper(w_sum.mid).value(), w_rad_f = NormFrobeniusUpper(w_sum.rad).value();
-    const Eigen::MatrixXd w_phi = w_sum.mid * phi.mid.transpose();
-    double x1 = AddUp(NormL2UpperGram(w_phi, threads).value(), SumErrorF(d, MulUp(w_mid_f, phi_mid_f), d, double(hs) * n));
-    x1 = AddUp(x1, AddUp(MulUp(w_sum_norm.value(), phi_rad_f), MulUp(phi_norm.value(), w_rad_f)));
-    const UpperBound separate = out.keys + UpperBound(*std::max_element(e_norm.begin(), e_norm.end()));
-    const UpperBound summed = out.value + separate;
-    std::vector<int> order(n);
-    for (int j = 0; j < n; ++j) order[j] = j;
-    std::sort(order.begin(), order.end(), [&](int a, int b) { return e_norm[a] > e_norm[b]; });
-    std::vector<double> c(n, 0.0), x2(n, 0.0);
-    const int workers = WorkerCount(threads, n);
-    UpperBound kq(kInf), crossed(kInf);
-    for (int t = 0; t < n; t += workers) {
-      const int batch = std::min(workers, n - t);
-      ParallelFor(batch, batch, [&](int b, int) {
-        const int j = order[t + b];
-        const double em_f = NormFrobeniusUpper(e_mids[j]).value();
-        const Eigen::MatrixXd phi_e = phi.mid * e_mids[j].transpose();
-        const double cj = AddUp(NormL2UpperGram(phi_e, 1).value(), SumErrorF(d, MulUp(phi_mid_f, em_f), double(hs) * n, d));
-        c[j] = AddUp(cj, AddUp(MulUp(phi_norm.value(), e_dist[j]), MulUp(phi_rad_f, AddUp(e_mid_norm[j], e_dist[j]))));
-        const Eigen::MatrixXd w_e = w_sum.mid * e_mids[j].transpose();
-        const double xj = AddUp(NormL2UpperGram(w_e, 1).value(), SumErrorF(d, MulUp(w_mid_f, em_f), d, d));
-        x2[j] = AddUp(xj, AddUp(MulUp(w_sum_norm.value(), e_dist[j]), MulUp(w_rad_f, e_norm[j])));
-      });
-      kq = Min(separate, KeysAndQueriesUp(phi_norm.value(), e_norm, c));
-      crossed = PathsUp(mean, kq, spread, p_bar_norm, x1, x2);
-      if (Past(deadline) || !(Min(out.value + kq, crossed).value() < summed.value())) break;
-      if (t + batch >= n) {
-        out.keys_and_queries = KeysAndQueriesUp(phi_norm.value(), e_norm, c);
-        out.crossed = crossed;
-      }
+  k.keys = Min(k.phi_norm, MulNonneg(wo_norm, NormL2UpperGram(ScaleRows(g_stack, head_scale), threads)));
+  return k;
+}
+
+// The cross terms (KeysAndQueriesUp, PathsUp), where the rows' pass fits again before the
+// deadline (per token the same GEMM and Gram, and a D x D GEMM and Gram for W E_j^T):
+//   ||Phi E_j^T|| <= ||fl(Phi_mid Em_j^T)|| + its rounding + ||Phi|| dist_j + ||Phi_rad||_F (||Em_j|| + dist_j),
+//   ||W E_j^T||   <= ||fl(W_mid Em_j^T)|| + its rounding + ||W|| dist_j + ||W_rad||_F ||E_j||,
+//   ||W Phi^T||   <= ||fl(W_mid Phi_mid^T)|| + its rounding + ||W|| ||Phi_rad||_F + ||Phi|| ||W_rad||_F.
+// The tokens go in decreasing ||E_j||, a pair at a time, and stop where the terms so far
+// (the rest taken as 0, which gives lower values of both bounds) already lose to the
+// paths summed: sharp heads (MiniLM: keys and queries 29.1 against 19.0 at N = 64).
+void AddCrossTerms(const CentreState& S, const FactoredValues& v, const QueryRows& q, const KeyRows& keys,
+                   int threads, Deadline deadline, FactoredParts* out) {
+  const int n = S.n, d = S.d, hs = S.heads;
+  const IntervalMatrix& phi = keys.phi;
+  const IntervalMatrix& w_sum = v.w_sum;
+  const UpperBound phi_norm = keys.phi_norm;
+  const double phi_mid_f = NormFrobeniusUpper(phi.mid).value(), phi_rad_f = NormFrobeniusUpper(phi.rad).value();
+  const double w_mid_f = NormFrobeniusUpper(w_sum.mid).value(), w_rad_f = NormFrobeniusUpper(w_sum.rad).value();
+  const Eigen::MatrixXd w_phi = w_sum.mid * phi.mid.transpose();
+  double x1 = AddUp(NormL2UpperGram(w_phi, threads).value(), SumErrorF(d, MulUp(w_mid_f, phi_mid_f), d, double(hs) * n));
+  x1 = AddUp(x1, AddUp(MulUp(v.w_sum_norm.value(), phi_rad_f), MulUp(phi_norm.value(), w_rad_f)));
+  const UpperBound separate = out->keys + UpperBound(*std::max_element(q.e_norm.begin(), q.e_norm.end()));
+  const UpperBound summed = out->value + separate;
+  std::vector<int> order(n);
+  for (int j = 0; j < n; ++j) order[j] = j;
+  std::sort(order.begin(), order.end(), [&](int a, int b) { return q.e_norm[a] > q.e_norm[b]; });
+  std::vector<double> c(n, 0.0), x2(n, 0.0);
+  const int workers = WorkerCount(threads, n);
+  UpperBound kq(kInf), crossed(kInf);
+  for (int t = 0; t < n; t += workers) {
+    const int batch = std::min(workers, n - t);
+    ParallelFor(batch, batch, [&](int b, int) {
+      const int j = order[t + b];
+      const double em_f = NormFrobeniusUpper(q.e_mids[j]).value();
+      const Eigen::MatrixXd phi_e = phi.mid * q.e_mids[j].transpose();
+      const double cj = AddUp(NormL2UpperGram(phi_e, 1).value(), SumErrorF(d, MulUp(phi_mid_f, em_f), double(hs) * n, d));
+      c[j] = AddUp(cj, AddUp(MulUp(phi_norm.value(), q.e_dist[j]), MulUp(phi_rad_f, AddUp(q.e_mid_norm[j], q.e_dist[j]))));
+      const Eigen::MatrixXd w_e = w_sum.mid * q.e_mids[j].transpose();
+      const double xj = AddUp(NormL2UpperGram(w_e, 1).value(), SumErrorF(d, MulUp(w_mid_f, em_f), d, d));
+      x2[j] = AddUp(xj, AddUp(MulUp(v.w_sum_norm.value(), q.e_dist[j]), MulUp(w_rad_f, q.e_norm[j])));
+    });
+    kq = Min(separate, KeysAndQueriesUp(phi_norm.value(), q.e_norm, c));
+    crossed = PathsUp(v.mean, kq, v.spread, v.p_bar_norm, x1, x2);
+    if (Past(deadline) || !(Min(out->value + kq, crossed).value() < summed.value())) break;
+    if (t + batch >= n) {
+      out->keys_and_queries = KeysAndQueriesUp(phi_norm.value(), q.e_norm, c);
+      out->crossed = crossed;
     }
   }
+}
+
+}  // namespace
+
+FactoredParts FactoredHeadsBound(const CentreState& S, const AttentionLayer& L, int threads, Deadline deadline) {
+  FactoredParts out;
+  if (!S.dot || S.ln || S.identity) return out;
+  FactoredValues values;
+  if (!FactoredValuesBound(S, L, threads, deadline, &values)) return out;
+  out.value = values.value;
+  const QueryRows rows = QueryRowsOf(S, threads, deadline);
+  if (Past(deadline)) return out;
+  out.queries = UpperBound(*std::max_element(rows.e_norm.begin(), rows.e_norm.end()));
+  const KeyRows keys = KeysBound(S, rows.alpha, values.wo_norm, threads);
+  out.keys = keys.keys;
+  if (rows.keep_e && std::isfinite(keys.phi_norm.value()) && 1.8 * rows.seconds < SecondsLeft(deadline))
+    AddCrossTerms(S, values, rows, keys, threads, deadline, &out);
   return out;
 }
 

@@ -78,6 +78,26 @@ void FusedColumnInto(const FusedColumn& f, const FinishConstants& fc, double* ou
   }
 }
 
+// The pre-LN sublayer: every column token's slab of J_MHA (rows x D) in *out, block rows
+// [r0, r1) x column tokens [c0, c1), times its LayerNorm factor L_j (a diagonal scaling and
+// two rank-one terms, rigorous), then + I.
+void ApplyLnToColumnTokens(const CentreState& S, int r0, int r1, int c0, int c1, int threads, IntervalMatrix* out) {
+  const int d = S.d, nc = c1 - c0;
+  Eigen::MatrixXd& mid = out->mid;
+  Eigen::MatrixXd& rad = out->rad;
+  ParallelFor(nc, WorkerCount(threads, nc), [&](int jj, int) {
+    const int j = c0 + jj;
+    ApplyLnInPlace(mid.middleCols(long(jj) * d, d), rad.middleCols(long(jj) * d, d), S.ln_factor[j]);
+    if (S.identity && j >= r0 && j < r1) {
+      auto m = mid.block(long(j - r0) * d, long(jj) * d, d, d);
+      auto r = rad.block(long(j - r0) * d, long(jj) * d, d, d);
+      const IntervalMatrix diag = IntervalMatrix(m, r) + IntervalMatrix::Point(Eigen::MatrixXd::Identity(d, d));
+      m = diag.mid;
+      r = diag.rad;
+    }
+  });
+}
+
 }  // namespace
 
 // a_j = P_ij (u_j - ubar_i) for the rows j in [a0, a0 + len) of u, as one vectorised
@@ -192,20 +212,7 @@ void AssembleBlockFused(const CentreState& S, int r0, int r1, int c0, int c1, in
       r = blk.rad;
     }
   });
-  if (!S.ln) return;
-  // The pre-LN sublayer: every column token's slab of J_MHA (rows x D) times its LayerNorm
-  // factor L_j (a diagonal scaling and two rank-one terms, rigorous), then + I.
-  ParallelFor(nc, WorkerCount(threads, nc), [&](int jj, int) {
-    const int j = c0 + jj;
-    ApplyLnInPlace(mid.middleCols(long(jj) * d, d), rad.middleCols(long(jj) * d, d), S.ln_factor[j]);
-    if (S.identity && j >= r0 && j < r1) {
-      auto m = mid.block(long(j - r0) * d, long(jj) * d, d, d);
-      auto r = rad.block(long(j - r0) * d, long(jj) * d, d, d);
-      const IntervalMatrix diag = IntervalMatrix(m, r) + IntervalMatrix::Point(Eigen::MatrixXd::Identity(d, d));
-      m = diag.mid;
-      r = diag.rad;
-    }
-  });
+  if (S.ln) ApplyLnToColumnTokens(S, r0, r1, c0, c1, threads, out);
 }
 
 }  // namespace centre_internal

@@ -136,6 +136,33 @@ bool ParallelCholesky(Eigen::MatrixXd& c, int threads, Deadline deadline) {
 // The float format's unit roundoff and underflow unit.
 constexpr double kUnitRoundoffSingle = 0x1p-24, kEtaSingle = 0x1p-150;
 
+// The floating Gram matrix of m's smaller side into ws.gram (n x n, n = min(rows, cols)): in
+// double, or that of fl32(m) in float, converted (exactly) to double.
+void FloatGramInto(const Eigen::MatrixXd& m, int threads, Deadline deadline, bool single, GramWorkspace& ws) {
+  const bool tall = m.rows() >= m.cols();
+  const Eigen::Index n = tall ? m.cols() : m.rows();
+  Eigen::MatrixXd& a = ws.gram;
+  if (single) {
+    if (tall) {
+      ws.single.resize(m.rows(), m.cols());
+      ForColumnChunks(m.cols(), threads, [&](Eigen::Index c0, Eigen::Index cn) {
+        ws.single.middleCols(c0, cn) = m.middleCols(c0, cn).cast<float>();
+      });
+    } else {
+      ws.single = m.transpose().cast<float>();
+    }
+    GramInto(ws.single, threads, deadline, &ws.gram_single);
+    a.resize(n, n);
+    ForColumnChunks(n, threads, [&](Eigen::Index c0, Eigen::Index cn) {
+      a.middleCols(c0, cn) = ws.gram_single.middleCols(c0, cn).cast<double>();  // exact
+    });
+  } else if (tall) {
+    GramInto(m, threads, deadline, &a);
+  } else {
+    GramInto(Eigen::MatrixXd(m.transpose()), threads, deadline, &a);
+  }
+}
+
 // Certified lambda_max(m^T m) for a point matrix m (entries of moderate size: see below);
 // the Gram matrix and the factor in ws.
 double GramLambdaMaxUp(const Eigen::MatrixXd& m, int threads, double* estimate, Deadline deadline, GramStats* stats,
@@ -168,26 +195,8 @@ double GramLambdaMaxUp(const Eigen::MatrixXd& m, int threads, double* estimate, 
     gram_err = AddUp(MulUp(GammaUp(double(k)), fro2), MulUp(double(k) * double(n), kEta));
   }
   auto t = std::chrono::steady_clock::now();
-  Eigen::MatrixXd& a = ws.gram;
-  if (single) {
-    if (tall) {
-      ws.single.resize(m.rows(), m.cols());
-      ForColumnChunks(m.cols(), threads, [&](Eigen::Index c0, Eigen::Index cn) {
-        ws.single.middleCols(c0, cn) = m.middleCols(c0, cn).cast<float>();
-      });
-    } else {
-      ws.single = m.transpose().cast<float>();
-    }
-    GramInto(ws.single, threads, deadline, &ws.gram_single);
-    a.resize(n, n);
-    ForColumnChunks(n, threads, [&](Eigen::Index c0, Eigen::Index cn) {
-      a.middleCols(c0, cn) = ws.gram_single.middleCols(c0, cn).cast<double>();  // exact
-    });
-  } else if (tall) {
-    GramInto(m, threads, deadline, &a);
-  } else {
-    GramInto(Eigen::MatrixXd(m.transpose()), threads, deadline, &a);
-  }
+  FloatGramInto(m, threads, deadline, single, ws);
+  const Eigen::MatrixXd& a = ws.gram;
   stats->gram_seconds += SecondsSince(t);
   if (Past(deadline)) return kInf;
   t = std::chrono::steady_clock::now();
