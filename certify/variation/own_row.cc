@@ -21,8 +21,154 @@ static double NormUp(const Eigen::RowVectorXd& x) {
   return NormUpOfMagnitudes(x.cwiseAbs().transpose(), VectorNorm::kTwo);
 }
 
-OwnRowForm OwnRowFormUp(const HeadGeometry& G, const FactorBounds& F, const Eigen::VectorXd& rho, bool causal, int i) {
+// Row i's quantities at the centre that its parts share (OwnRowFormUp): the centre's weights w
+// (s = sum w) and the anchor's mean, g_i and its radius, the weights' range dp at i and per key
+// (dev), the radii of b, the motion's scales, and the rows b_l - c centred at c = (w m) / s with
+// their rounding, whose weighted sums bound eps (the weights' range).
+struct OwnRowCentre {
+  Eigen::RowVectorXd w, mean, g;
+  double s = 0, mean_abs_norm = 0, g_norm = 0, g_rad = 0, dp = 0, p_i = 0, inv_sqrt_dk = 0;
+  Eigen::VectorXd b_rad, dev, m_norm;
+  double rad_moved = 0, rho_moved = 0, key_move = 0, query_move = 0;
+  Eigen::MatrixXd centred;
+  Eigen::VectorXd centred_err, centred_norm;
+  double dev_sum = 0, eps_norm = 0, eps_rounding = 0, one_minus_s = 0;
+};
+
+OwnRowCentre OwnRowCentreOf(const HeadGeometry& G, const FactorBounds& F, const Eigen::VectorXd& rho, int i, int len) {
+  const int d = int(G.b.mid.cols());
+  const Eigen::MatrixXd& m = G.b.mid;
+  OwnRowCentre C;
+  C.w = G.anchor_w.row(i).head(len);
+  const Eigen::RowVectorXd& w = C.w;
+  C.s = w.sum();
+  const double s = C.s;
+  const Eigen::RowVectorXd mean = w * m.topRows(len), mean_abs = w * m.topRows(len).cwiseAbs();
+  C.mean = mean;
+  C.mean_abs_norm = NormUp(mean_abs);
+  C.g = G.g.mid.row(i);
+  C.g_norm = NormUp(C.g);
+  C.g_rad = NormUp(G.g.rad.row(i));
+  // |gamma_k - ([k = i] - w_i)| <= dp, and |gamma_k| <= 1 - p_lo (k = i) or p_hi (k != i).
+  C.dp = std::max({0.0, SubUp(F.p_hi(i, i), w(i)), SubUp(w(i), F.p_lo(i, i))});
+  C.p_i = F.p_hi(i, i);
+  C.inv_sqrt_dk = G.inv_sqrt_dk.hi;
+  // The centre's parts of the anchor's excess: radii (each and their mean) and the weights' range.
+  C.b_rad.resize(len);
+  C.dev.resize(len);
+  for (int k = 0; k < len; ++k) {
+    C.b_rad(k) = NormUp(G.b.rad.row(k));
+    C.dev(k) = std::max({0.0, SubUp(F.p_hi(i, k), w(k)), SubUp(w(k), F.p_lo(i, k))});
+  }
+  C.m_norm.resize(len);
+  for (int l = 0; l < len; ++l) C.m_norm(l) = NormUp(m.row(l));
+  const Eigen::VectorXd cap = F.p_hi.row(i).head(len).transpose();
+  C.rad_moved = SimplexWeightedSumUp(cap, C.b_rad, len);
+  C.rho_moved = SimplexWeightedSumUp(cap, rho.head(len), len);
+  C.key_move = MulUp(G.wk_norm, C.inv_sqrt_dk);
+  C.query_move = MulUp(G.wq_norm, C.inv_sqrt_dk);
+  // The weights' range: sum_l (P_l - w_l)(b_k - b_l) = (1 - s)(b_k - c) - eps with
+  // eps = sum_l (P_l - w_l)(b_l - c) . U the same for every k, c = (w m) / s, and
+  // eps^2 <= (sum_l dev_l) sum_l dev_l (fl(b_l - c) . U)^2 plus its rounding (into z).
+  const Eigen::RowVectorXd c_mean = C.mean / s;
+  C.centred.resize(len, d);
+  C.centred_err.resize(len);
+  C.centred_norm.resize(len);
+  for (int l = 0; l < len; ++l) {
+    C.centred.row(l) = m.row(l) - c_mean;
+    const double f = C.centred_norm(l) = NormUp(C.centred.row(l));
+    // fl(m_l - c) against m_l - exact c: c's own rounding (division and the product's, gamma_{n+1})
+    // and the subtraction's, generously.
+    C.centred_err(l) = AddUp(MulUp(2 * kUnitRoundoff, AddUp(f, C.m_norm(l))),
+                             MulUp(MulUp(2.0, GammaUp(double(len) + 2)), DivUp(C.mean_abs_norm, s * (1 - 1e-15))));
+    C.dev_sum = AddUp(C.dev_sum, C.dev(l));
+    C.eps_norm = AddUp(C.eps_norm, MulUp(C.dev(l), f));
+    C.eps_rounding = AddUp(C.eps_rounding, MulUp(C.dev(l), C.centred_err(l)));
+  }
+  C.one_minus_s = std::max(SubUp(1.0, s), SubUp(s, 1.0));
+  return C;
+}
+
+// Each row's parts: x (floating), and the scales of y along g, m along Wq U and Wk U, eps along
+// the centred rows and z (isotropic).
+struct OwnRowParts {
+  Eigen::RowVectorXd x;
+  double x_norm = 0, y_norm = 0, mq = 0, mk = 0, mq_norm = 0, mk_norm = 0, e = 0, total = 0;
+};
+
+std::vector<OwnRowParts> OwnRowPartsOf(const HeadGeometry& G, const FactorBounds& F, const Eigen::VectorXd& rho,
+                                       const OwnRowCentre& C, int i, int len) {
   const int n = int(rho.size()), d = int(G.b.mid.cols());
+  const Eigen::MatrixXd& m = G.b.mid;
+  const double s = C.s;
+  std::vector<OwnRowParts> parts(len);
+  for (int k = 0; k < len; ++k) {
+    OwnRowParts& P = parts[k];
+    const double gamma = (k == i ? 1.0 : 0.0) - C.w(i);
+    const Eigen::RowVectorXd beta = s * m.row(k) - C.mean;
+    P.x = beta + gamma * C.g;
+    const double beta_norm = NormUp(beta);
+    P.x_norm = NormUp(P.x);
+    // z: the anchor's rounding, gamma g's rounding (product and sum: 2u each, generously), the
+    // radii of b_k, of the mean and of g_i, and eps's and (1 - s)'s shares.
+    double e = AddUp(AnchorRoundingUp(s, C.m_norm(k), C.mean_abs_norm, n, d),
+                     MulUp(4 * kUnitRoundoff, AddUp(beta_norm, MulUp(std::abs(gamma), C.g_norm))));
+    const double gamma_max = k == i ? SubUp(1.0, F.p_lo(i, i)) : C.p_i;
+    e = AddUp(e, AddUp(AddUp(C.b_rad(k), C.rad_moved), MulUp(gamma_max, C.g_rad)));
+    P.e = AddUp(e, AddUp(MulUp(C.one_minus_s, AddUp(C.centred_norm(k), C.centred_err(k))), C.eps_rounding));
+    P.y_norm = MulUp(C.dp, C.g_norm);
+    P.mq = MulUp(C.key_move, AddUp(rho(k), C.rho_moved));
+    P.mk = MulUp(MulUp(gamma_max, C.query_move), rho(i));
+    P.mq_norm = MulUp(P.mq, G.wq_norm);
+    P.mk_norm = MulUp(P.mk, G.wk_norm);
+    P.total = AddUp(AddUp(AddUp(P.x_norm, P.y_norm), AddUp(P.mq_norm, P.mk_norm)), AddUp(P.e, C.eps_norm));
+  }
+  return parts;
+}
+
+// The shared rows' weights of the parts (g, Wq U, Wk U) before T3's.
+struct SharedWeights {
+  double g = 0, q = 0, k = 0;
+};
+
+// The form's rows (x of each key, g, the centred rows), its rounding err2 and the parts' share
+// of iso, with T2's split theta2; returns the shared rows' weights.
+SharedWeights AddPartRows(const FactorBounds& F, const OwnRowCentre& C, const std::vector<OwnRowParts>& parts,
+                          double theta2, int i, int len, OwnRowForm& out, double& err2) {
+  const int d = int(C.centred.cols());
+  const double dp = C.dp, p_i = C.p_i, eps_norm = C.eps_norm;
+  double eps_weight = 0;
+  out.rows.resize(len + 1 + len, d);
+  // Appends sqrt(c) x as a row (its product rounding, u per entry, goes into err).
+  int row = 0;
+  auto add_row = [&](double c, const Eigen::RowVectorXd& x) {
+    out.rows.row(row) = SqrtUp(c) * x;
+    const double row_norm = NormUp(out.rows.row(row));
+    err2 = AddUp(err2, MulUp(MulUp(row_norm, kUnitRoundoff), MulUp(row_norm, kUnitRoundoff)));
+    ++row;
+  };
+  double g_weight = 0, q_weight = 0, k_weight = 0;  // the shared rows' weights
+  for (int k = 0; k < len; ++k) {
+    const OwnRowParts& P = parts[k];
+    const double c = k == i ? AddUp(F.pa(i, k), MulUp(theta2, p_i)) : F.pa(i, k);
+    if (P.x_norm > 0) {
+      add_row(MulUp(c, DivUp(P.total, P.x_norm)), P.x);
+    } else {
+      out.rows.row(row++).setZero();
+    }
+    if (P.y_norm > 0) g_weight = AddUp(g_weight, MulUp(MulUp(c, MulUp(dp, dp)), DivUp(P.total, P.y_norm)));
+    if (P.mq_norm > 0) q_weight = AddUp(q_weight, MulUp(MulUp(c, MulUp(P.mq, P.mq)), DivUp(P.total, P.mq_norm)));
+    if (P.mk_norm > 0) k_weight = AddUp(k_weight, MulUp(MulUp(c, MulUp(P.mk, P.mk)), DivUp(P.total, P.mk_norm)));
+    if (eps_norm > 0) eps_weight = AddUp(eps_weight, MulUp(c, DivUp(P.total, eps_norm)));
+    if (P.e > 0) out.iso = AddUp(out.iso, MulUp(c, MulUp(P.e, P.total)));
+  }
+  add_row(g_weight, C.g);
+  for (int l = 0; l < len; ++l) add_row(MulUp(MulUp(eps_weight, C.dev_sum), C.dev(l)), C.centred.row(l));
+  return SharedWeights{g_weight, q_weight, k_weight};
+}
+
+OwnRowForm OwnRowFormUp(const HeadGeometry& G, const FactorBounds& F, const Eigen::VectorXd& rho, bool causal, int i) {
+  const int n = int(rho.size());
   const int len = causal ? i + 1 : n;
   OwnRowForm out;
   if (!G.dot || G.anchor_w.rows() != n || G.causal != causal || !std::isfinite(G.value_iso)) {
@@ -43,108 +189,14 @@ OwnRowForm OwnRowFormUp(const HeadGeometry& G, const FactorBounds& F, const Eige
   //    enclosures' radii),
   // and (sum of parts)^2 <= sum part^2 / a_part for a_part >= 0 summing to 1, each a_part in
   // proportion to its norm. The g, Wq and Wk parts of all rows (and T3) share their rows.
-  const Eigen::MatrixXd& m = G.b.mid;
-  const Eigen::RowVectorXd w = G.anchor_w.row(i).head(len);
-  const double s = w.sum();
-  const Eigen::RowVectorXd mean = w * m.topRows(len), mean_abs = w * m.topRows(len).cwiseAbs();
-  const double mean_abs_norm = NormUp(mean_abs);
-  const Eigen::RowVectorXd g = G.g.mid.row(i);
-  const double g_norm = NormUp(g);
-  const double g_rad = NormUp(G.g.rad.row(i));
-  // |gamma_k - ([k = i] - w_i)| <= dp, and |gamma_k| <= 1 - p_lo (k = i) or p_hi (k != i).
-  const double dp = std::max({0.0, SubUp(F.p_hi(i, i), w(i)), SubUp(w(i), F.p_lo(i, i))});
-  const double p_i = F.p_hi(i, i);
-  const double inv_sqrt_dk = G.inv_sqrt_dk.hi;
-  // The centre's parts of the anchor's excess: radii (each and their mean) and the weights' range.
-  Eigen::VectorXd b_rad(len), dev(len);
-  for (int k = 0; k < len; ++k) {
-    b_rad(k) = NormUp(G.b.rad.row(k));
-    dev(k) = std::max({0.0, SubUp(F.p_hi(i, k), w(k)), SubUp(w(k), F.p_lo(i, k))});
-  }
-  Eigen::VectorXd m_norm(len);
-  for (int l = 0; l < len; ++l) m_norm(l) = NormUp(m.row(l));
-  const Eigen::VectorXd cap = F.p_hi.row(i).head(len).transpose();
-  const double rad_moved = SimplexWeightedSumUp(cap, b_rad, len);
-  const double rho_moved = SimplexWeightedSumUp(cap, rho.head(len), len);
-  const double key_move = MulUp(G.wk_norm, inv_sqrt_dk), query_move = MulUp(G.wq_norm, inv_sqrt_dk);
-  // The weights' range: sum_l (P_l - w_l)(b_k - b_l) = (1 - s)(b_k - c) - eps with
-  // eps = sum_l (P_l - w_l)(b_l - c) . U the same for every k, c = (w m) / s, and
-  // eps^2 <= (sum_l dev_l) sum_l dev_l (fl(b_l - c) . U)^2 plus its rounding (into z).
-  const Eigen::RowVectorXd c_mean = mean / s;
-  Eigen::MatrixXd centred(len, d);
-  Eigen::VectorXd centred_err(len), centred_norm(len);
-  double dev_sum = 0, eps_norm = 0, eps_rounding = 0;
-  for (int l = 0; l < len; ++l) {
-    centred.row(l) = m.row(l) - c_mean;
-    const double f = centred_norm(l) = NormUp(centred.row(l));
-    // fl(m_l - c) against m_l - exact c: c's own rounding (division and the product's, gamma_{n+1})
-    // and the subtraction's, generously.
-    centred_err(l) = AddUp(MulUp(2 * kUnitRoundoff, AddUp(f, m_norm(l))),
-                           MulUp(MulUp(2.0, GammaUp(double(len) + 2)), DivUp(mean_abs_norm, s * (1 - 1e-15))));
-    dev_sum = AddUp(dev_sum, dev(l));
-    eps_norm = AddUp(eps_norm, MulUp(dev(l), f));
-    eps_rounding = AddUp(eps_rounding, MulUp(dev(l), centred_err(l)));
-  }
-  const double one_minus_s = std::max(SubUp(1.0, s), SubUp(s, 1.0));
-  double eps_weight = 0;
+  const OwnRowCentre C = OwnRowCentreOf(G, F, rho, i, len);
+  const std::vector<OwnRowParts> parts = OwnRowPartsOf(G, F, rho, C, i, len);
+  const double p_i = C.p_i, inv_sqrt_dk = C.inv_sqrt_dk;
   const double value_norm = G.value_norm;
-  out.rows.resize(len + 1 + len, d);
-  double err2 = 0;
-  // Appends sqrt(c) x as a row (its product rounding, u per entry, goes into err).
-  int row = 0;
-  auto add_row = [&](double c, const Eigen::RowVectorXd& x) {
-    out.rows.row(row) = SqrtUp(c) * x;
-    const double row_norm = NormUp(out.rows.row(row));
-    err2 = AddUp(err2, MulUp(MulUp(row_norm, kUnitRoundoff), MulUp(row_norm, kUnitRoundoff)));
-    ++row;
-  };
-  double g_weight = 0, q_weight = 0, k_weight = 0;  // the shared rows' weights
-  // Each row's parts: x (floating), and the scales of y along g, m along Wq U and Wk U, eps along
-  // the centred rows and z (isotropic).
-  struct Parts {
-    Eigen::RowVectorXd x;
-    double x_norm = 0, y_norm = 0, mq = 0, mk = 0, mq_norm = 0, mk_norm = 0, e = 0, total = 0;
-  };
-  std::vector<Parts> parts(len);
-  for (int k = 0; k < len; ++k) {
-    Parts& P = parts[k];
-    const double gamma = (k == i ? 1.0 : 0.0) - w(i);
-    const Eigen::RowVectorXd beta = s * m.row(k) - mean;
-    P.x = beta + gamma * g;
-    const double beta_norm = NormUp(beta);
-    P.x_norm = NormUp(P.x);
-    // z: the anchor's rounding, gamma g's rounding (product and sum: 2u each, generously), the
-    // radii of b_k, of the mean and of g_i, and eps's and (1 - s)'s shares.
-    double e = AddUp(AnchorRoundingUp(s, m_norm(k), mean_abs_norm, n, d),
-                     MulUp(4 * kUnitRoundoff, AddUp(beta_norm, MulUp(std::abs(gamma), g_norm))));
-    const double gamma_max = k == i ? SubUp(1.0, F.p_lo(i, i)) : p_i;
-    e = AddUp(e, AddUp(AddUp(b_rad(k), rad_moved), MulUp(gamma_max, g_rad)));
-    P.e = AddUp(e, AddUp(MulUp(one_minus_s, AddUp(centred_norm(k), centred_err(k))), eps_rounding));
-    P.y_norm = MulUp(dp, g_norm);
-    P.mq = MulUp(key_move, AddUp(rho(k), rho_moved));
-    P.mk = MulUp(MulUp(gamma_max, query_move), rho(i));
-    P.mq_norm = MulUp(P.mq, G.wq_norm);
-    P.mk_norm = MulUp(P.mk, G.wk_norm);
-    P.total = AddUp(AddUp(AddUp(P.x_norm, P.y_norm), AddUp(P.mq_norm, P.mk_norm)), AddUp(P.e, eps_norm));
-  }
   // T2's split: theta2 balances r_i's scale against ||W_h|| (any theta2 > 0 holds).
   const double theta2 = parts[i].total > 0 && G.w_norm > 0 ? G.w_norm / parts[i].total : 1.0;
-  for (int k = 0; k < len; ++k) {
-    const Parts& P = parts[k];
-    const double c = k == i ? AddUp(F.pa(i, k), MulUp(theta2, p_i)) : F.pa(i, k);
-    if (P.x_norm > 0) {
-      add_row(MulUp(c, DivUp(P.total, P.x_norm)), P.x);
-    } else {
-      out.rows.row(row++).setZero();
-    }
-    if (P.y_norm > 0) g_weight = AddUp(g_weight, MulUp(MulUp(c, MulUp(dp, dp)), DivUp(P.total, P.y_norm)));
-    if (P.mq_norm > 0) q_weight = AddUp(q_weight, MulUp(MulUp(c, MulUp(P.mq, P.mq)), DivUp(P.total, P.mq_norm)));
-    if (P.mk_norm > 0) k_weight = AddUp(k_weight, MulUp(MulUp(c, MulUp(P.mk, P.mk)), DivUp(P.total, P.mk_norm)));
-    if (eps_norm > 0) eps_weight = AddUp(eps_weight, MulUp(c, DivUp(P.total, eps_norm)));
-    if (P.e > 0) out.iso = AddUp(out.iso, MulUp(c, MulUp(P.e, P.total)));
-  }
-  add_row(g_weight, g);
-  for (int l = 0; l < len; ++l) add_row(MulUp(MulUp(eps_weight, dev_sum), dev(l)), centred.row(l));
+  double err2 = 0;
+  const SharedWeights shared = AddPartRows(F, C, parts, theta2, i, len, out, err2);
   // T2's values: (p_i / theta2) ((||A U|| + value_err)^2 + value_iso), the same split.
   const double c2 = DivUp(p_i, theta2 * (1 - 1e-15));
   out.iso = AddUp(out.iso, MulUp(c2, G.value_iso));
@@ -154,8 +206,8 @@ OwnRowForm OwnRowFormUp(const HeadGeometry& G, const FactorBounds& F, const Eige
   // T3 (theta3 balancing the weights' norms), with the motion's shares: the exact weights.
   const double c3 = MulUp(F.pa(i, i), inv_sqrt_dk);
   const double theta3 = G.wq_norm > 0 && G.wk_norm > 0 ? G.wk_norm / G.wq_norm : 1.0;
-  out.q_weight = AddUp(q_weight, MulUp(c3, theta3));
-  out.k_weight = AddUp(k_weight, DivUp(c3, theta3 * (1 - 1e-15)));
+  out.q_weight = AddUp(shared.q, MulUp(c3, theta3));
+  out.k_weight = AddUp(shared.k, DivUp(c3, theta3 * (1 - 1e-15)));
   out.err = MulUp(SqrtUp(err2), 1.0 + 1e-10);
   return out;
 }

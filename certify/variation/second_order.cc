@@ -20,6 +20,38 @@ static double MaxOfPTimesOneMinusTwoP(double lo, double hi) {
   return x >= 0.5 ? 0.0 : MulUp(x, SubUp(1.0, MulDown(2.0, x)));
 }
 
+// Row i's terms (SecondOrderHeadUp): the largest ||a_ij||, the query motion's spread beta,
+// ab2, T2's diagonal share, and per key k: gamma_k^2, the variance weights W_k, T1's signed
+// and unsigned key parts, T2's off-diagonal share and (l2) T3.
+struct RowTerms {
+  double a_max, beta, ab2, t2_diag;
+  const Eigen::VectorXd &gamma2, &w, &signed_k, &unsigned_k, &t2_off, &t3_row;
+};
+
+// Row i of L in its five forms (5 x n, zero beyond len), from one of two bounds on T1:
+//  - split: sum_j P_j a_j delta_j^2 with delta = delta_q + delta_k (query and key motion),
+//    (1 + theta) ab2 t_i + sum_k gamma_k^2 (signed_k + unsigned_k / theta) t_k;
+//  - whole: A_i Var_i(ds) <= 2 A_i beta^2 t_i + 2 A_i sum_k W_k gamma_k^2 t_k.
+static Eigen::MatrixXd RowForms(const RowTerms& r, int i, int len, int n) {
+  Eigen::MatrixXd forms = Eigen::MatrixXd::Zero(5, n);
+  int f = 0;
+  for (const double theta : {-1.0, 0.5, 1.0, 2.0, 4.0}) {  // -1: the whole bound
+    Eigen::VectorXd row(len);
+    double diag;
+    if (theta < 0) {
+      for (int k = 0; k < len; ++k) row(k) = MulUp(MulUp(2.0, r.a_max), MulUp(r.gamma2(k), r.w(k)));
+      diag = MulUp(MulUp(2.0, r.a_max), MulUp(r.beta, r.beta));
+    } else {
+      for (int k = 0; k < len; ++k) row(k) = MulUp(r.gamma2(k), AddUp(r.signed_k(k), DivUp(r.unsigned_k(k), theta)));
+      diag = MulUp(1.0 + theta, r.ab2);
+    }
+    for (int k = 0; k < len; ++k) row(k) = AddUp(AddUp(row(k), r.t2_off(k)), r.t3_row(k));
+    row(i) = AddUp(row(i), AddUp(diag, r.t2_diag));
+    forms.row(f++).head(len) = row.transpose();
+  }
+  return forms;
+}
+
 SecondOrderHead SecondOrderHeadUp(const HeadGeometry& G, const FactorBounds& F, const Eigen::VectorXd& rho,
                                   bool causal) {
   const int n = int(rho.size());
@@ -72,27 +104,9 @@ SecondOrderHead SecondOrderHeadUp(const HeadGeometry& G, const FactorBounds& F, 
       }
       t3_row(i) = AddUp(t3_row(i), MulUp(MulUp(4.0, G.c_g), pa_sum));
     }
-    // Row i of L, from one of two bounds on T1 (SecondOrderColumnsUp picks one form per row):
-    //  - split: sum_j P_j a_j delta_j^2 with delta = delta_q + delta_k (query and key motion),
-    //    (1 + theta) ab2 t_i + sum_k gamma_k^2 (signed_k + unsigned_k / theta) t_k;
-    //  - whole: A_i Var_i(ds) <= 2 A_i beta^2 t_i + 2 A_i sum_k W_k gamma_k^2 t_k.
-    Eigen::MatrixXd& forms = out.forms[i];
-    forms = Eigen::MatrixXd::Zero(5, n);
-    int f = 0;
-    for (const double theta : {-1.0, 0.5, 1.0, 2.0, 4.0}) {  // -1: the whole bound
-      Eigen::VectorXd row(len);
-      double diag;
-      if (theta < 0) {
-        for (int k = 0; k < len; ++k) row(k) = MulUp(MulUp(2.0, a_max), MulUp(gamma2(k), w(k)));
-        diag = MulUp(MulUp(2.0, a_max), MulUp(beta, beta));
-      } else {
-        for (int k = 0; k < len; ++k) row(k) = MulUp(gamma2(k), AddUp(signed_k(k), DivUp(unsigned_k(k), theta)));
-        diag = MulUp(1.0 + theta, ab2);
-      }
-      for (int k = 0; k < len; ++k) row(k) = AddUp(AddUp(row(k), t2_off(k)), t3_row(k));
-      row(i) = AddUp(row(i), AddUp(diag, t2_diag));
-      forms.row(f++).head(len) = row.transpose();
-    }
+    // Row i of L in its forms (RowForms; SecondOrderColumnsUp picks one form per row).
+    RowTerms terms{a_max, beta, ab2, t2_diag, gamma2, w, signed_k, unsigned_k, t2_off, t3_row};
+    out.forms[i] = RowForms(terms, i, len, n);
     if (G.dot) {
       double pa2 = 0;
       for (int j = 0; j < len; ++j) pa2 = AddUp(pa2, MulUp(F.pa(i, j), F.pa(i, j)));
@@ -105,74 +119,44 @@ SecondOrderHead SecondOrderHeadUp(const HeadGeometry& G, const FactorBounds& F, 
   return out;
 }
 
-double SecondOrderColumnsUp(const std::vector<SecondOrderHead>& heads) {
+// pick[h][i]: the form of row i of head h.
+using FormPicks = std::vector<std::vector<int>>;
+
+// The bound from the picks, rounded up.
+static double PickedBoundUp(const std::vector<SecondOrderHead>& heads, const FormPicks& pick, int n) {
   const int h_count = int(heads.size());
-  if (h_count == 0) return 0.0;
-  const int n = int(heads[0].forms.size());
-  // pick[h][i]: the form of row i of head h; col2[h](j): sum_i L_h(i, j)^2 in floating point.
-  std::vector<std::vector<int>> pick(h_count, std::vector<int>(n, 0));
-  std::vector<Eigen::VectorXd> col2(h_count, Eigen::VectorXd::Zero(n));
-  for (int h = 0; h < h_count; ++h)
-    for (int i = 0; i < n; ++i) {
-      Eigen::Index best;
-      heads[h].forms[i].rowwise().squaredNorm().minCoeff(&best);
-      pick[h][i] = int(best);
-      col2[h] += heads[h].forms[i].row(best).transpose().cwiseAbs2();
-    }
-  // The bound from the picks, rounded up.
-  auto bound = [&]() {
-    Eigen::VectorXd columns = Eigen::VectorXd::Zero(n);
-    double cross = 0;
-    for (int h = 0; h < h_count; ++h) {
-      for (int j = 0; j < n; ++j) {
-        double s = 0;
-        for (int i = 0; i < n; ++i) {
-          const double v = heads[h].forms[i](pick[h][i], j);
-          s = AddUp(s, MulUp(v, v));
-        }
-        columns(j) = AddUp(columns(j), SqrtUp(s));
-      }
-      cross = AddUp(cross, heads[h].cross);
-    }
-    return AddUp(columns.maxCoeff(), cross);
-  };
-  double best = bound();
-  if (!std::isfinite(best)) return best;
-  // Second start: each row's form by its sum of squares weighted by (column sum / largest)^8
-  // of the first picks; the descent starts from the better of the two.
-  {
-    Eigen::VectorXd sums = Eigen::VectorXd::Zero(n);
-    for (int h = 0; h < h_count; ++h) sums += col2[h].cwiseSqrt();
-    const Eigen::VectorXd weight = (sums / sums.maxCoeff()).array().pow(8.0).matrix();
-    const auto first_pick = pick;
-    const auto first_col2 = col2;
-    for (int h = 0; h < h_count; ++h) {
-      col2[h].setZero();
+  Eigen::VectorXd columns = Eigen::VectorXd::Zero(n);
+  double cross = 0;
+  for (int h = 0; h < h_count; ++h) {
+    for (int j = 0; j < n; ++j) {
+      double s = 0;
       for (int i = 0; i < n; ++i) {
-        Eigen::Index f;
-        (heads[h].forms[i].cwiseAbs2() * weight).minCoeff(&f);
-        pick[h][i] = int(f);
-        col2[h] += heads[h].forms[i].row(f).transpose().cwiseAbs2();
+        const double v = heads[h].forms[i](pick[h][i], j);
+        s = AddUp(s, MulUp(v, v));
       }
+      columns(j) = AddUp(columns(j), SqrtUp(s));
     }
-    const double second = bound();
-    if (second < best) {
-      best = second;
-    } else {
-      pick = first_pick;
-      col2 = first_col2;
-    }
+    cross = AddUp(cross, heads[h].cross);
   }
-  // Coordinate descent on sum_j (column sum / scale)^16, a smooth stand-in for the largest.
+  return AddUp(columns.maxCoeff(), cross);
+}
+
+// sum_h sqrt(col2[h]): the columns' sums in floating point.
+static Eigen::VectorXd ColumnSums(const std::vector<Eigen::VectorXd>& col2, int n) {
+  Eigen::VectorXd sums = Eigen::VectorXd::Zero(n);
+  for (size_t h = 0; h < col2.size(); ++h) sums += col2[h].cwiseSqrt();
+  return sums;
+}
+
+// Coordinate descent on sum_j (column sum / scale)^16, a smooth stand-in for the largest:
+// up to three sweeps over every row's forms, pick and col2 updated in place.
+static void DescendPicks(const std::vector<SecondOrderHead>& heads, FormPicks& pick, std::vector<Eigen::VectorXd>& col2,
+                         int n) {
+  const int h_count = int(heads.size());
   auto surrogate = [&](const Eigen::VectorXd& sums, double scale) {
     return (sums / scale).array().pow(16.0).sum();
   };
-  auto column_sums = [&]() {
-    Eigen::VectorXd sums = Eigen::VectorXd::Zero(n);
-    for (int h = 0; h < h_count; ++h) sums += col2[h].cwiseSqrt();
-    return sums;
-  };
-  Eigen::VectorXd sums = column_sums();
+  Eigen::VectorXd sums = ColumnSums(col2, n);
   for (int sweep = 0; sweep < 3; ++sweep) {
     const double scale = sums.maxCoeff();
     double current = surrogate(sums, scale);
@@ -197,9 +181,52 @@ double SecondOrderColumnsUp(const std::vector<SecondOrderHead>& heads) {
         }
       }
     if (!moved) break;
-    sums = column_sums();  // (drops the updates' rounding drift)
+    sums = ColumnSums(col2, n);  // (drops the updates' rounding drift)
   }
-  return std::min(best, bound());
+}
+
+double SecondOrderColumnsUp(const std::vector<SecondOrderHead>& heads) {
+  const int h_count = int(heads.size());
+  if (h_count == 0) return 0.0;
+  const int n = int(heads[0].forms.size());
+  // pick[h][i]: the form of row i of head h; col2[h](j): sum_i L_h(i, j)^2 in floating point.
+  FormPicks pick(h_count, std::vector<int>(n, 0));
+  std::vector<Eigen::VectorXd> col2(h_count, Eigen::VectorXd::Zero(n));
+  for (int h = 0; h < h_count; ++h)
+    for (int i = 0; i < n; ++i) {
+      Eigen::Index best;
+      heads[h].forms[i].rowwise().squaredNorm().minCoeff(&best);
+      pick[h][i] = int(best);
+      col2[h] += heads[h].forms[i].row(best).transpose().cwiseAbs2();
+    }
+  double best = PickedBoundUp(heads, pick, n);
+  if (!std::isfinite(best)) return best;
+  // Second start: each row's form by its sum of squares weighted by (column sum / largest)^8
+  // of the first picks; the descent starts from the better of the two.
+  {
+    const Eigen::VectorXd sums = ColumnSums(col2, n);
+    const Eigen::VectorXd weight = (sums / sums.maxCoeff()).array().pow(8.0).matrix();
+    const auto first_pick = pick;
+    const auto first_col2 = col2;
+    for (int h = 0; h < h_count; ++h) {
+      col2[h].setZero();
+      for (int i = 0; i < n; ++i) {
+        Eigen::Index f;
+        (heads[h].forms[i].cwiseAbs2() * weight).minCoeff(&f);
+        pick[h][i] = int(f);
+        col2[h] += heads[h].forms[i].row(f).transpose().cwiseAbs2();
+      }
+    }
+    const double second = PickedBoundUp(heads, pick, n);
+    if (second < best) {
+      best = second;
+    } else {
+      pick = first_pick;
+      col2 = first_col2;
+    }
+  }
+  DescendPicks(heads, pick, col2, n);
+  return std::min(best, PickedBoundUp(heads, pick, n));
 }
 
 }  // namespace lipcert

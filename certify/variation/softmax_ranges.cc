@@ -59,6 +59,31 @@ void SoftmaxRows(const Eigen::MatrixXd& lo, const Eigen::MatrixXd& hi, bool caus
   }
 }
 
+// >= range(l)^2 / 8 for row i (log-sum-exp's Bregman term), l_k = s_ik - s0_ik over k < len
+// from the logit box [lo, hi] and the centre's [s0_lo, s0_hi] (shift-invariant, so the dot
+// box's shift is harmless).
+static double BregmanUp(const Eigen::MatrixXd& lo, const Eigen::MatrixXd& hi, const Eigen::MatrixXd& s0_lo,
+                        const Eigen::MatrixXd& s0_hi, int i, int len) {
+  double top = -kInf, bottom = kInf;
+  for (int k = 0; k < len; ++k) {
+    top = std::max(top, SubUp(hi(i, k), s0_lo(i, k)));
+    bottom = std::min(bottom, SubDown(lo(i, k), s0_hi(i, k)));
+  }
+  const double range = SubUp(top, bottom);
+  return MulUp(0.125, MulUp(range, range));
+}
+
+// Dot heads: >= ||c g_i + w||, w = b_j - bbar_i, c = 1[i=j] - P0_ii: by the triangle
+// inequality (gn >= ||g_i||, to_mean >= ||w||), and expanded as c^2 ||g_i||^2 + 2 c g_i.w +
+// ||w||^2 (gg encloses ||g_i||^2, gb g_i.b_j and gbbar g_i.bbar_i).
+static double DotRowNormUp(const Interval& c, double gn, double to_mean, const Interval& gg, const Interval& gb,
+                           const Interval& gbbar) {
+  const double row_i = AddUp(MulUp(c.Mag(), gn), to_mean);
+  const Interval cross = Sqr(c) * gg + Interval(2.0) * c * (gb - gbbar);
+  const double expanded = AddUp(cross.hi, MulUp(to_mean, to_mean));
+  return std::min(row_i, SqrtUp(std::max(expanded, 0.0)));
+}
+
 // Tangent-plane softmax ranges when token t moves by at most rho_t and the input by at most
 // `joint` in Frobenius norm in all (docs/engines.md, "Tangent-plane probability ranges"). With l_k = s_ik - s0_ik and
 // P0 the centre's row, log-sum-exp's convexity gives
@@ -88,14 +113,7 @@ void TightenByTangent(const HeadGeometry& G, const Eigen::VectorXd& rho, double 
   for (int i = 0; i < n; ++i) {
     const int len = causal ? i + 1 : n;
     const double rho_max = rho.head(len).maxCoeff();
-    // range of l_i. over k < len (shift-invariant, so the dot box's shift is harmless).
-    double top = -kInf, bottom = kInf;
-    for (int k = 0; k < len; ++k) {
-      top = std::max(top, SubUp(hi(i, k), s0_lo(i, k)));
-      bottom = std::min(bottom, SubDown(lo(i, k), s0_hi(i, k)));
-    }
-    const double range = SubUp(top, bottom);
-    const double bregman = MulUp(0.125, MulUp(range, range));
+    const double bregman = BregmanUp(lo, hi, s0_lo, s0_hi, i, len);
     // Rows t != i of C have norm |1[t=j] - P0_it| |h_t| (dot: |h_t| = ||g_i||, factored out):
     // sum1 = sum_t P0_it |h_t| rho_t and sum2 = sum_t (P0_it |h_t|)^2 over all t, from which the
     // t = i and t = j terms are replaced below.
@@ -128,13 +146,8 @@ void TightenByTangent(const HeadGeometry& G, const Eigen::VectorXd& rho, double 
       others1 = std::max(others1, 0.0);
       double row_i, quad_up, quad_down;
       if (G.dot) {
-        // ||c g_i + w||, w = b_j - bbar_i, c = 1[i=j] - P0_ii: by the triangle inequality, and
-        // expanded as c^2 ||g_i||^2 + 2 c g_i.w + ||w||^2.
         const Interval c = Interval(i == j ? 1.0 : 0.0) - p0(i, i);
-        row_i = AddUp(MulUp(c.Mag(), gn), to_mean(i, j));
-        const Interval cross = Sqr(c) * gg + Interval(2.0) * c * (gb(i, j) - gbbar(i, i));
-        const double expanded = AddUp(cross.hi, MulUp(to_mean(i, j), to_mean(i, j)));
-        row_i = std::min(row_i, SqrtUp(std::max(expanded, 0.0)));
+        row_i = DotRowNormUp(c, gn, to_mean(i, j), gg, gb(i, j), gbbar(i, i));
         others = MulUp(MulUp(gn, gn), others);
         others1 = MulUp(gn, others1);
         quad_up = quad_down = MulUp(G.c_logit, MulUp(rho(i), AddUp(rho(j), rho_max)));
