@@ -468,12 +468,13 @@ EngineBound CentreNormBound(const AttentionLayer& L, const TokenCover& cover, co
   CentreNormOptions co = CentreNormOptionsOf(opts, centre_dense_limit);
   auto refine_until = std::chrono::steady_clock::time_point::max();
   if (opts.deadline != std::chrono::steady_clock::time_point::max()) {
-    double reserve_s = 1.6 * CentreNormEngineSecondsEstimate(L, tokens, centre_dense_limit, opts.norm, /*minimum=*/true);
+    double reserve_s = time_model::kCentreNormReserve *
+                       CentreNormEngineSecondsEstimate(L, tokens, centre_dense_limit, opts.norm, /*minimum=*/true);
     const double window = std::chrono::duration<double>(opts.deadline - t_variation).count();
     if (opts.norm == NormKind::kL2 && long(tokens) * L.d_model > centre_dense_limit && FactoredHeadsApply(L, co) &&
-        reserve_s > 0.8 * window) {
+        reserve_s > time_model::kFactoredAloneShare * window) {
       co.super_blocks = false;
-      reserve_s = 1.6 * FactoredHeadsSecondsEstimate(L, tokens);
+      reserve_s = time_model::kCentreNormReserve * FactoredHeadsSecondsEstimate(L, tokens);
     }
     refine_until = opts.deadline - std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                                        std::chrono::duration<double>(reserve_s));

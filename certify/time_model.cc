@@ -69,6 +69,9 @@ const MachineCalibration& Calibration() {
   return c;
 }
 
+double IntervalSlowdown() { return Calibration().interval_slowdown; }
+double GemmSlowdown() { return Calibration().gemm_slowdown; }
+
 double CentredEngineOperations(const AttentionLayer& layer, int tokens) {
   const double n = tokens, d = layer.d_model, h = layer.heads, nd = n * d;
   const double dk = layer.head_dim_qk, dv = layer.head_dim_v;

@@ -151,7 +151,7 @@ UpperBound DeflatedSuperBlockBound(const BlockAssembler& block, int n, int d, co
   // Per block, modelled then measured: the Gram certificate, and the rest (the assembly and
   // the three GEMMs). A block gets its certificate when that and the rest of every block
   // still to come fit before the deadline (anytime, as the plain super-blocks).
-  double gram_s = m_max * m_max * m_max * (0.5 + 1.0 / 3) / kGramFlopsPerSecond, rest_s = 0;
+  double gram_s = m_max * m_max * m_max * (0.5 + 1.0 / 3) / kGramFlopsPerSecond * GemmSlowdown(), rest_s = 0;
   const bool frobenius = long(g) * d > o.block_limit;
   IntervalMatrix blk;        // one block's storage, reused (no fresh pages per block)
   GramWorkspace workspace;  // and its certificate's

@@ -37,16 +37,13 @@ namespace {
 // and 65.3 s at N = 64 and 12.0 s at N = 32, against the EPYC's 52.3, 71.1, 100.8 and
 // 20.7 s (1.4-1.7x: the EPYC runs this route about 1.5x the reference machine's time).
 
-constexpr double kPlainShare = 0.68;
-constexpr double kSecondsPerVector = 6.6e-11;   // times (N D)^2
-constexpr double kSecondsPerVector2 = 2.2e-10;  // times N D k^2
-// One J^T J product of the basis, fitted on the EPYC (the slower machine, so that it reads
-// no load there): 6.5 ms at N D = 24576 is 1.1e-11 (N D)^2. With kSecondsPerVector2 it
-// predicts 2.5, 5.9 and 12.1 s at N = 64 for k = 300, 600 and 1000 (2.3, 5.5 and 11.6 s
-// measured) and 2.0 s at N = 32, k = 600 (2.8 s). It was 2.4e-11 while each product set
-// the centre up again; a model that reads an idle machine's basis as 1.3x load costs the
-// 0.1% balls their deflation (docs/engines.md, "Deflation").
-constexpr double kSecondsPerProduct = 1.1e-11;
+// The constants (kPlainShare, kSecondsPerVector, kSecondsPerVector2, kSecondsPerProduct)
+// are in certify/time_model.h, scaled here by the calibrated GEMM slowdown (the basis and
+// the blocks' products are GEMMs and evaluator products).
+using time_model::kPlainShare;
+using time_model::kSecondsPerVector;
+using time_model::kSecondsPerVector2;
+using time_model::kSecondsPerProduct;
 
 // The Lanczos basis of k vectors on an idle machine: its reorthogonalisation and its k
 
@@ -85,7 +82,7 @@ void Reorthogonalise(const Eigen::Ref<const Eigen::MatrixXd>& q, Eigen::VectorXd
 
 // J^T J products through the evaluator.
 double IdleBasisSeconds(double nd, int k) {
-  return kSecondsPerVector2 * nd * double(k) * k + kSecondsPerProduct * nd * nd * k;
+  return (kSecondsPerVector2 * nd * double(k) * k + kSecondsPerProduct * nd * nd * k) * GemmSlowdown();
 }
 
 // The deflation's basis comes from the evaluator's J^T J of the layer as it stands (attention
@@ -105,10 +102,10 @@ int DeflationVectorsAfterBasis(const AttentionLayer& L, int n, const CentreNormO
   // Within 35% of the idle model is the model's own scatter on an idle machine (1.0 to 1.3
   // measured at N = 32), not load.
   const double ratio = basis_seconds / IdleBasisSeconds(nd, k);
-  const double load = ratio <= 1.35 ? 1.0 : ratio;
-  const double budget = SecondsLeft(o.deadline) / (1.3 * load) - PlainSuperBlockSeconds(L, n, o);
+  const double load = ratio <= time_model::kModelScatter ? 1.0 : ratio;
+  const double budget = SecondsLeft(o.deadline) / (time_model::kDeflationMargin * load) - PlainSuperBlockSeconds(L, n, o);
   if (!(budget > 0)) return 0;
-  const int kept = int(std::min<double>(k, std::floor(budget / (kSecondsPerVector * nd * nd))));
+  const int kept = int(std::min<double>(k, std::floor(budget / (kSecondsPerVector * nd * nd * GemmSlowdown()))));
   // Under 3x load (three runs on 2 cores) MiniLM N = 32 kept 56 and 131 of about 600
   // vectors, and the blocks' certificates then ran out of time: 14.8 and 15.1 against the
   // plain super-blocks' 6.353. Fewer than half of k then meant the plain super-blocks; now
@@ -128,9 +125,10 @@ int DeflationVectorsThatFit(const AttentionLayer& L, int n, const CentreNormOpti
   const int asked = int(std::min<double>(o.deflation_vectors, nd));
   if (asked <= 0 || o.deadline == std::chrono::steady_clock::time_point::max()) return std::max(asked, 0);
   // The largest k with kSecondsPerVector (N D)^2 k + kSecondsPerVector2 N D k^2 <= budget.
-  const double budget = SecondsLeft(o.deadline) / (1.3 * std::max(1.0, slowdown)) - PlainSuperBlockSeconds(L, n, o) - extra_seconds;
+  const double budget = SecondsLeft(o.deadline) / (time_model::kDeflationMargin * std::max(1.0, slowdown)) -
+                        PlainSuperBlockSeconds(L, n, o) - extra_seconds;
   if (!(budget > 0)) return 0;
-  const double a = kSecondsPerVector * nd * nd, b = kSecondsPerVector2 * nd;
+  const double a = kSecondsPerVector * nd * nd * GemmSlowdown(), b = kSecondsPerVector2 * nd * GemmSlowdown();
   const double fits = 2 * budget / (a + std::sqrt(a * a + 4 * b * budget));
   const int k = int(std::min<double>(asked, std::floor(fits)));
   return k >= std::min(kMinDeflationVectors, asked) ? k : 0;

@@ -70,7 +70,7 @@ UpperBound DeflatedRoute(const CentreState& S, const AttentionLayer& L, const Ei
   int asked = k;
   const auto resize = [&](int steps, double seconds) {
     const double nd = double(n) * d, ratio = seconds / IdleBasisSeconds(nd, steps);
-    if (ratio <= 1.35) return asked;
+    if (ratio <= time_model::kModelScatter) return asked;
     const int fit = DeflationVectorsThatFit(L, n, o, -IdleBasisSeconds(nd, steps), ratio);
     asked = fit == 0 ? 0 : std::min(asked, std::max(steps + 1, fit));  // 0: the plain super-blocks
     return asked;

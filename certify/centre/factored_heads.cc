@@ -293,7 +293,8 @@ FactoredParts FactoredHeadsBound(const CentreState& S, const AttentionLayer& L, 
   out.queries = UpperBound(*std::max_element(rows.e_norm.begin(), rows.e_norm.end()));
   const KeyRows keys = KeysBound(S, rows.alpha, values.wo_norm, threads);
   out.keys = keys.keys;
-  if (rows.keep_e && std::isfinite(keys.phi_norm.value()) && 1.8 * rows.seconds < SecondsLeft(deadline))
+  if (rows.keep_e && std::isfinite(keys.phi_norm.value()) &&
+      time_model::kFactoredCrossMargin * rows.seconds < SecondsLeft(deadline))
     AddCrossTerms(S, values, rows, keys, threads, deadline, &out);
   return out;
 }

@@ -1,5 +1,6 @@
 // ||J(X0)||_inf certified from both sides, streamed in token tiles from the same enclosure.
 #include "certify/centre/internal.h"
+#include "certify/time_model.h"
 
 #include <algorithm>
 #include <chrono>
@@ -67,7 +68,8 @@ CentreInfNormBounds CentreJacobianInfNormBounds(const AttentionLayer& L, const E
 
 double CentreInfNormSecondsEstimate(const AttentionLayer& L, int tokens) {
   const double n = tokens, d = L.d_model, h = L.heads;
-  return 2.5e-9 * n * n * h * d * d * (L.layer_norm ? 1.5 : 1.0);
+  return time_model::kInfAssemblySeconds * n * n * h * d * d * (L.layer_norm ? time_model::kInfLayerNormFactor : 1.0) *
+         IntervalSlowdown();
 }
 
 }  // namespace lipcert

@@ -9,17 +9,15 @@
 #include <vector>
 
 #include "certify/centre_norm.h"
+#include "certify/time_model.h"
 #include "interval/interval_matrix.h"
 #include "interval/rounding.h"
 #include "models/attention_layer.h"
 
 namespace lipcert::centre_internal {
 
-// The time models' rate for the Gram matrix and the Cholesky factor of a dense certificate,
-// (5/6) m^3 flops for an m x m matrix: half the rate measured on 2 idle cores (1.2e11
-// flop/s for the dense certificate at N = 16, 9.6e10 for the super-blocks' single-precision
-// blocks at N = 64 with their estimate). The old 1.5e10 predicted 4 times the time.
-constexpr double kGramFlopsPerSecond = 6e10;
+// The time models' constants are in certify/time_model.h.
+using time_model::kGramFlopsPerSecond;
 
 // The deflation's fewest vectors worth a pass (deflation_basis.cc, the time model).
 inline constexpr int kMinDeflationVectors = 32;
