@@ -346,15 +346,16 @@ void RunPostLnCentre(CertifyRun& run, double seconds) {
 // Y), split with the norm asked for when that is inf; 15% each where the sublayer's own inf
 // centre (post_ln_variation) runs after them. At a point where post_ln_centre ran first,
 // 40% of the limit or half of what is left, whichever is less (10% once J_f(X0) is
-// certified: the composed bound can only be looser); over a set before post_ln_centre, 15%
-// (post_ln_variation, which needs MHA's variation only, computes it where the certificate
+// certified: the composed bound can only be looser); over a set before post_ln_centre, 30%
+// (the composition stays a usable fallback when the centre does not finish;
+// post_ln_variation, which needs MHA's variation only, computes it where the certificate
 // has none).
 double MhaSeconds(const CertifyRun& run) {
   const double limit = run.opts.time_limit_s;
   if (run.opts.norm != NormKind::kL2 && !run.layer.layer_norm && long(run.set.center.size()) <= kPostLnInfDenseLimit)
     return 2 * 0.15 * limit;
   if (!DenseCentre(run)) return 0.8 * limit;
-  if (run.set.radius != 0) return 0.15 * limit;
+  if (run.set.radius != 0) return 0.3 * limit;
   const bool centred = run.post_ln.centre.applied && run.post_ln.centre.id == EngineId::kPostLnCentre;
   return std::max(0.05, std::min((centred ? 0.1 : 0.4) * limit, 0.5 * (limit - run.clock.Elapsed())));
 }

@@ -1,6 +1,7 @@
 #include "certify/post_ln_variation.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <stdexcept>
@@ -11,6 +12,7 @@
 #include "certify/layer_norm_enclosure.h"
 #include "certify/witness_eval.h"
 #include "interval/norms.h"
+#include "interval/parallel.h"
 
 namespace lipcert {
 
@@ -243,10 +245,16 @@ PostLnCentreInfBounds PostLnCentreInfNormBounds(const AttentionLayer& L, const E
   }
   const MhaInput f = PostLnFactors(L, y_cover, NormKind::kL2);
   const double moved = MulUp(MulUp(SqrtUp(double(d)), f.delta_ln.maxCoeff()), AddUp(1.0, jm_inf));
-  // Row sums of D_i(yc_i) (I + J_M(X0))_i, token by token (D x ND products), from both sides.
-  double upper = 0, lower = 0;
-  int row = -1;
-  for (int i = 0; i < n; ++i) {
+  // Row sums of D_i(yc_i) (I + J_M(X0))_i, token by token (D x ND products, tokens in
+  // parallel), from both sides.
+  std::vector<double> ups(size_t(n), 0.0), downs(size_t(n), 0.0);
+  std::vector<int> rows(size_t(n), -1);
+  std::atomic<bool> late{false};
+  ParallelFor(n, WorkerCount(threads, n), [&](int i, int) {
+    if (late || passed()) {
+      late = true;
+      return;
+    }
     const IntervalMatrix block(jm.mid.middleRows(i * d, d), jm.rad.middleRows(i * d, d));
     const IntervalMatrix p = Mul(f.ln_jac[size_t(i)], block);
     for (int a = 0; a < d; ++a) {
@@ -256,14 +264,20 @@ PostLnCentreInfBounds PostLnCentreInfNormBounds(const AttentionLayer& L, const E
         up = AddUp(up, AddUp(m, r));
         down = AddDown(down, std::max(0.0, SubDown(m, r)));
       }
-      upper = std::max(upper, up);
-      if (down > lower) lower = down, row = i * d + a;
+      ups[size_t(i)] = std::max(ups[size_t(i)], up);
+      if (down > downs[size_t(i)]) downs[size_t(i)] = down, rows[size_t(i)] = i * d + a;
     }
-    if (passed()) {
-      out.timed_out = true;
-      out.note = "did not finish before its deadline";
-      return out;
-    }
+  });
+  if (late || passed()) {
+    out.timed_out = true;
+    out.note = "did not finish before its deadline";
+    return out;
+  }
+  double upper = 0, lower = 0;
+  int row = -1;
+  for (int i = 0; i < n; ++i) {
+    upper = std::max(upper, ups[size_t(i)]);
+    if (downs[size_t(i)] > lower) lower = downs[size_t(i)], row = rows[size_t(i)];
   }
   out.upper = UpperBound(AddUp(upper, moved));
   out.lower = LowerBound(std::max(0.0, SubDown(lower, moved)));

@@ -44,6 +44,93 @@ double EigenGemmPeak(int threads) {
   return total / 1e9;
 }
 
+// The evaluator the options ask for, on the bench's layer.
+std::unique_ptr<JacobianEvaluator> BenchEvaluator(const AttentionLayer& L, const BenchOptions& o) {
+  EvaluatorOptions eo;
+  eo.device = o.device;
+  eo.dtype = o.dtype;
+  eo.threads = o.threads;
+  eo.rel_tol = o.rel_tol;
+  eo.max_iters = o.max_iters;
+  eo.method = o.method;
+  return MakeJacobianEvaluator(L, o.n, eo);
+}
+
+// The last batch's result, and how many whole batches ran in how many seconds.
+struct TimedBatches {
+  TopSingular last;
+  int reps = 0;
+  double elapsed = 0;
+};
+
+// Warm-up on two points (as the baseline does), then whole batches until min_seconds.
+TimedBatches TimeBatches(JacobianEvaluator& evaluator, const std::vector<double>& x, const BenchOptions& o) {
+  evaluator.TopSingularValues(x.data(), std::min(2, o.batch), false);
+  TimedBatches t;
+  const auto t0 = Clock::now();
+  do {
+    t.last = evaluator.TopSingularValues(x.data(), o.batch, false);
+    ++t.reps;
+    t.elapsed = Seconds(t0, Clock::now());
+  } while (t.elapsed < o.min_seconds);
+  return t;
+}
+
+// One batch's totals: J^T J products, convergence, GEMM flops and singular values.
+struct BatchTotals {
+  double iters = 0, flops = 0, smax = 0, smean = 0;
+  int imax = 0, conv = 0;
+};
+
+BatchTotals TotalsOf(const TopSingular& r, const GemmFlops& gf, const BenchOptions& o) {
+  const double normal = o.device == Device::kCpu ? gf.normal_cpu : gf.jvp + gf.vjp;  // one J^T J v
+  BatchTotals t;
+  for (int b = 0; b < o.batch; ++b) {
+    t.iters += r.iterations[b];
+    t.imax = std::max(t.imax, r.iterations[b]);
+    t.conv += r.converged[b];
+    t.flops += gf.evaluate + r.iterations[b] * normal + gf.jvp;
+    t.smax = std::max(t.smax, r.sigma[b]);
+    t.smean += r.sigma[b] / o.batch;
+  }
+  return t;
+}
+
+// The printed report; its last line is "points_per_s=<number>".
+std::string FormatBench(const BenchOptions& o, const char* evaluator_name, const TimedBatches& run,
+                        const BatchTotals& t, int workers, double peak) {
+  const double points_per_s = double(o.batch) * run.reps / run.elapsed;
+  const double gflops = t.flops * run.reps / run.elapsed / 1e9;
+  std::ostringstream os;
+  char buf[512];
+  os << "lipcert bench: top singular value of the Jacobian at random points\n";
+  std::snprintf(buf, sizeof buf, "layer       : %s attention, N=%d D=%d H=%d (dk=dv=%d), weights N(0,1)/sqrt(D), points N(0,1)\n",
+                AttentionKindToString(o.kind), o.n, o.d, o.heads, o.d / o.heads);
+  os << buf;
+  std::snprintf(buf, sizeof buf, "evaluator   : %s  device=%s dtype=%s threads=%d method=%s rel_tol=%g max_iters=%d\n",
+                evaluator_name, DeviceToString(o.device), DTypeToString(o.dtype), o.threads,
+                SingularMethodToString(o.method), o.rel_tol, o.max_iters);
+  os << buf;
+  os << "simd        : " << Eigen::SimdInstructionSetsInUse() << "\n";
+  std::snprintf(buf, sizeof buf, "batch       : %d points x %d repetitions in %.3f s\n", o.batch, run.reps, run.elapsed);
+  os << buf;
+  std::snprintf(buf, sizeof buf, "iterations  : mean %.1f, max %d J^T J products per point; converged %d/%d\n",
+                t.iters / o.batch, t.imax, t.conv, o.batch);
+  os << buf;
+  std::snprintf(buf, sizeof buf, "sigma       : max %.6g, mean %.6g\n", t.smax, t.smean);
+  os << buf;
+  std::snprintf(buf, sizeof buf, "gemm flops  : %.3g per point, %.2f GFLOP/s achieved", t.flops / o.batch, gflops);
+  os << buf;
+  if (peak > 0) {
+    std::snprintf(buf, sizeof buf, " (plain Eigen GEMM 256^3 on %d threads: %.2f GFLOP/s)", workers, peak);
+    os << buf;
+  }
+  os << "\n";
+  std::snprintf(buf, sizeof buf, "points_per_s=%.6g", points_per_s);
+  os << buf;
+  return os.str();
+}
+
 }  // namespace
 
 std::string RunEvaluatorBench(const BenchOptions& o) {
@@ -56,76 +143,17 @@ std::string RunEvaluatorBench(const BenchOptions& o) {
   std::vector<double> x(size_t(o.batch) * o.n * o.d);
   for (double& v : x) v = nd(rng);
 
-  EvaluatorOptions eo;
-  eo.device = o.device;
-  eo.dtype = o.dtype;
-  eo.threads = o.threads;
-  eo.rel_tol = o.rel_tol;
-  eo.max_iters = o.max_iters;
-  eo.method = o.method;
-  auto evaluator = MakeJacobianEvaluator(L, o.n, eo);
-
-  // Warm-up on two points (as the baseline does), then whole batches until min_seconds.
-  evaluator->TopSingularValues(x.data(), std::min(2, o.batch), false);
-  int reps = 0;
-  TopSingular r;
-  const auto t0 = Clock::now();
-  double elapsed = 0;
-  do {
-    r = evaluator->TopSingularValues(x.data(), o.batch, false);
-    ++reps;
-    elapsed = Seconds(t0, Clock::now());
-  } while (elapsed < o.min_seconds);
-
-  const GemmFlops gf = CountGemmFlops(L, o.n);
-  const double normal = o.device == Device::kCpu ? gf.normal_cpu : gf.jvp + gf.vjp;  // one J^T J v
-  double iters = 0, flops = 0, smax = 0, smean = 0;
-  int imax = 0, conv = 0;
-  for (int b = 0; b < o.batch; ++b) {
-    iters += r.iterations[b];
-    imax = std::max(imax, r.iterations[b]);
-    conv += r.converged[b];
-    flops += gf.evaluate + r.iterations[b] * normal + gf.jvp;
-    smax = std::max(smax, r.sigma[b]);
-    smean += r.sigma[b] / o.batch;
-  }
-  const double points_per_s = double(o.batch) * reps / elapsed;
-  const double gflops = flops * reps / elapsed / 1e9;
+  auto evaluator = BenchEvaluator(L, o);
+  const TimedBatches run = TimeBatches(*evaluator, x, o);
+  const BatchTotals totals = TotalsOf(run.last, CountGemmFlops(L, o.n), o);
+  // The machine's plain GEMM rate beside the achieved one (CPU only).
   const int workers = o.device == Device::kCpu
                           ? (o.threads > 0 ? o.threads : int(std::max(1u, std::thread::hardware_concurrency())))
                           : 1;
   const double peak = o.device == Device::kCpu
                           ? (o.dtype == DType::kF32 ? EigenGemmPeak<float>(workers) : EigenGemmPeak<double>(workers))
                           : 0;
-
-  std::ostringstream os;
-  char buf[512];
-  os << "lipcert bench: top singular value of the Jacobian at random points\n";
-  std::snprintf(buf, sizeof buf, "layer       : %s attention, N=%d D=%d H=%d (dk=dv=%d), weights N(0,1)/sqrt(D), points N(0,1)\n",
-                AttentionKindToString(o.kind), o.n, o.d, o.heads, o.d / o.heads);
-  os << buf;
-  std::snprintf(buf, sizeof buf, "evaluator   : %s  device=%s dtype=%s threads=%d method=%s rel_tol=%g max_iters=%d\n",
-                evaluator->name(), DeviceToString(o.device), DTypeToString(o.dtype), o.threads,
-                SingularMethodToString(o.method), o.rel_tol, o.max_iters);
-  os << buf;
-  os << "simd        : " << Eigen::SimdInstructionSetsInUse() << "\n";
-  std::snprintf(buf, sizeof buf, "batch       : %d points x %d repetitions in %.3f s\n", o.batch, reps, elapsed);
-  os << buf;
-  std::snprintf(buf, sizeof buf, "iterations  : mean %.1f, max %d J^T J products per point; converged %d/%d\n",
-                iters / o.batch, imax, conv, o.batch);
-  os << buf;
-  std::snprintf(buf, sizeof buf, "sigma       : max %.6g, mean %.6g\n", smax, smean);
-  os << buf;
-  std::snprintf(buf, sizeof buf, "gemm flops  : %.3g per point, %.2f GFLOP/s achieved", flops / o.batch, gflops);
-  os << buf;
-  if (peak > 0) {
-    std::snprintf(buf, sizeof buf, " (plain Eigen GEMM 256^3 on %d threads: %.2f GFLOP/s)", workers, peak);
-    os << buf;
-  }
-  os << "\n";
-  std::snprintf(buf, sizeof buf, "points_per_s=%.6g", points_per_s);
-  os << buf;
-  return os.str();
+  return FormatBench(o, evaluator->name(), run, totals, workers, peak);
 }
 
 }  // namespace lipcert

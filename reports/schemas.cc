@@ -201,6 +201,194 @@ LinePlot BoundsPlot(const std::string& title, const std::string& x_label,
   return lp;
 }
 
+// A sweep's points grouped for plotting: one series per checkpoint (and per layer, when a
+// checkpoint has several), in the order the series first appear in the sweep.
+struct SweepPoints {
+  using Groups = std::vector<std::pair<std::string, std::vector<const PointView*>>>;
+  std::vector<PointView> views;
+  std::map<std::string, std::set<int>> layers_of;  // model label -> its layers in the sweep
+  std::set<double> radii;
+  std::set<int> tokens;
+  std::vector<std::string> series_order;
+  bool many_layers = false;  // some checkpoint has several layers in the sweep
+
+  // The points that `keep` accepts, per series, each series sorted by `key`; empty series left out.
+  Groups Collect(std::function<bool(const PointView&)> keep, std::function<double(const PointView&)> key) const {
+    Groups groups;
+    for (const std::string& name : series_order) {
+      std::vector<const PointView*> pts;
+      for (const PointView& v : views)
+        if (v.series == name && keep(v)) pts.push_back(&v);
+      std::sort(pts.begin(), pts.end(), [&](auto* a, auto* b) { return key(*a) < key(*b); });
+      if (!pts.empty()) groups.push_back({name, pts});
+    }
+    return groups;
+  }
+};
+
+SweepPoints GroupPoints(const json& sw) {
+  SweepPoints g;
+  for (const json& p : sw["points"]) {
+    const json& c = p["certificate"];
+    g.layers_of[ModelLabel(c)].insert(p["layer"].get<int>());
+  }
+  for (const json& p : sw["points"]) {
+    const json& c = p["certificate"];
+    const std::string m = ModelLabel(c);
+    const std::string series = g.layers_of[m].size() > 1 ? m + " layer " + std::to_string(p["layer"].get<int>()) : m;
+    g.views.push_back({&p, series, p["radius_request"].get<double>(), p["tokens"].get<int>()});
+  }
+  for (const PointView& v : g.views) {
+    g.radii.insert(v.x_radius), g.tokens.insert(v.tokens);
+    if (std::find(g.series_order.begin(), g.series_order.end(), v.series) == g.series_order.end())
+      g.series_order.push_back(v.series);
+  }
+  g.many_layers = std::any_of(g.layers_of.begin(), g.layers_of.end(), [](auto& e) { return e.second.size() > 1; });
+  return g;
+}
+
+// The section's title and its opening: how many points are certified, and the command that made them.
+Section SweepIntro(const ReportInput& in, bool several_sweeps) {
+  const json& sw = in.doc;
+  Section s;
+  s.title = "Sweep: " + sw["set"].get<std::string>() + " sets, norm " + sw["norm"].get<std::string>() +
+            (several_sweeps ? " (" + std::filesystem::path(in.path).filename().string() + ")" : "");
+  const size_t done = sw["points"].size();
+  const int total = sw["total_points"].get<int>();
+  s.blocks.push_back(Paragraph{std::to_string(done) + " of " + std::to_string(total) + " points certified" +
+                               (sw["complete"].get<bool>() ? "." : " (incomplete: rerun the command to finish it).") +
+                               " Made by:"});
+  s.blocks.push_back(Paragraph{sw["command_line"].get<std::string>(), true});
+  return s;
+}
+
+// The gap (certified / witnessed) of each series against the radius, at N = n: a figure and its table.
+void AddGapAgainstRadius(const SweepPoints::Groups& groups, int n, const std::string& rlabel, const std::string& tag,
+                         Section* s) {
+  LinePlot gp;
+  gp.title = "Gap (certified / witnessed) against the radius, N = " + std::to_string(n);
+  gp.x_label = rlabel;
+  gp.y_label = "upper / lower";
+  Table gt;
+  gt.caption = "Gap against the radius, N = " + std::to_string(n);
+  gt.header = {"series", rlabel, "gap", "certified upper", "witnessed lower", "status"};
+  int k = 0;
+  for (const auto& [name, pts] : groups) {
+    Series g{name, "gap", {}, {}, PaletteColor(k++), LineStyle::kSolid, true};
+    for (const PointView* v : pts) {
+      const json& c = v->cert();
+      const double gap = c["gap"].is_number() ? c["gap"].get<double>() : INFINITY;
+      g.x.push_back(v->x_radius), g.y.push_back(gap);
+      gt.rows.push_back({name, FormatNumber(v->x_radius, 6), FormatNumber(gap, 5), FormatJsonNumber(c["upper_bound"], 8),
+                         FormatJsonNumber(c["lower_bound"], 8), c["status"].get<std::string>()});
+    }
+    gp.series.push_back(g);
+  }
+  s->blocks.push_back(Figure{tag + "gap-N" + std::to_string(n), RenderLinePlot(gp),
+                             "How far the certificate is from tight: 1 means the certified bound is attained."});
+  s->blocks.push_back(gt);
+}
+
+// Against the radius, one plot of the bounds and one of the gap per N.
+void AddRadiusFigures(const json& sw, const SweepPoints& pts, const std::string& tag, Section* s) {
+  const std::string rlabel = RadiusLabel(sw);
+  for (int n : pts.tokens) {
+    const auto groups = pts.Collect([&](const PointView& v) { return v.tokens == n; },
+                                    [](const PointView& v) { return v.x_radius; });
+    Table t;
+    t.caption = "Bounds against the radius, N = " + std::to_string(n);
+    const std::string title = "Certified and witnessed bounds against the radius (" + sw["set"].get<std::string>() +
+                              " sets, N = " + std::to_string(n) + ")";
+    const LinePlot lp = BoundsPlot(title, rlabel, groups, [](const PointView& v) { return v.x_radius; }, &t, rlabel);
+    s->blocks.push_back(Figure{tag + "radius-N" + std::to_string(n), RenderLinePlot(lp),
+                               "Solid: certified upper bound; dashed: witnessed lower bound; shaded: the band "
+                               "between them, which holds the true local Lipschitz constant; dotted: published "
+                               "closed-form bounds evaluated by lipcert."});
+    s->blocks.push_back(t);
+    AddGapAgainstRadius(groups, n, rlabel, tag, s);
+  }
+}
+
+// The smallest and the largest radius of the sweep (every radius when there are at most two).
+std::vector<double> EndRadii(const std::set<double>& radii) {
+  std::vector<double> rs(radii.begin(), radii.end());
+  if (rs.size() > 2) rs = {rs.front(), rs.back()};
+  return rs;
+}
+
+// Against N, one plot per radius (at most the smallest and the largest).
+void AddTokenFigures(const json& sw, const SweepPoints& pts, const std::string& tag, Section* s) {
+  const std::string rlabel = RadiusLabel(sw);
+  for (double r : EndRadii(pts.radii)) {
+    const auto groups = pts.Collect([&](const PointView& v) { return v.x_radius == r; },
+                                    [](const PointView& v) { return double(v.tokens); });
+    Table t;
+    t.caption = "Bounds against N, " + rlabel + " = " + FormatNumber(r, 6);
+    const LinePlot lp = BoundsPlot("Bounds against the number of tokens N (" + rlabel + " = " + FormatNumber(r, 6) + ")",
+                                   "tokens N", groups, [](const PointView& v) { return double(v.tokens); }, &t, "N");
+    s->blocks.push_back(Figure{tag + "tokens-r" + FormatNumber(r, 6), RenderLinePlot(lp),
+                               "Solid: certified; dashed: witnessed; dotted: closed forms."});
+    s->blocks.push_back(t);
+  }
+}
+
+// One checkpoint's layers at radius r and N = n: a bar group per layer (certified, witnessed,
+// then the closed forms any of them has) and a table row per layer.
+void AddLayerBars(const json& sw, const SweepPoints& pts, const std::string& model, const std::set<int>& layers,
+                  double r, int n, const std::string& tag, Section* s) {
+  const std::string rlabel = RadiusLabel(sw);
+  BarPlot bp;
+  bp.title = model + ": every layer (" + rlabel + " = " + FormatNumber(r, 6) + ", N = " + std::to_string(n) + ")";
+  bp.y_label = "local Lipschitz constant";
+  bp.bar_labels = {"certified upper", "witnessed lower"};
+  bp.bar_ids = {"upper", "lower"};
+  bp.colors = {"#1f77b4", "#d62728"};
+  Table t;
+  t.caption = model + ": per layer, " + rlabel + " = " + FormatNumber(r, 6) + ", N = " + std::to_string(n);
+  t.header = kCertHeader;
+  std::set<std::string> cf_names;
+  for (const PointView& v : pts.views)
+    if (ModelLabel(v.cert()) == model && v.x_radius == r && v.tokens == n)
+      for (const auto& [e, val] : ClosedForms(v.cert())) cf_names.insert(e);
+  for (const std::string& e : cf_names) bp.bar_labels.push_back(e), bp.bar_ids.push_back(e), bp.colors.push_back("#7f7f7f");
+  for (int layer : layers)
+    for (const PointView& v : pts.views) {
+      const json& c = v.cert();
+      if (ModelLabel(c) != model || v.x_radius != r || v.tokens != n || (*v.p)["layer"].get<int>() != layer) continue;
+      BarGroup g{"layer " + std::to_string(layer), {UpperOf(c), LowerOf(c)}};
+      const auto cfs = ClosedForms(c);
+      for (const std::string& e : cf_names) {
+        double val = INFINITY;
+        for (const auto& [name, x] : cfs)
+          if (name == e) val = x;
+        g.values.push_back(val);
+      }
+      bp.groups.push_back(g);
+      t.rows.push_back(CertRow(c));
+    }
+  s->blocks.push_back(Figure{tag + "layers-" + model + "-r" + FormatNumber(r, 6), RenderBarPlot(bp),
+                             "One group per layer of the checkpoint."});
+  s->blocks.push_back(t);
+}
+
+// One bar group per layer, for checkpoints with several, at the largest N and at most two radii.
+void AddLayerFigures(const json& sw, const SweepPoints& pts, const std::string& tag, Section* s) {
+  const std::vector<double> rs = EndRadii(pts.radii);
+  for (const auto& [model, layers] : pts.layers_of) {
+    if (layers.size() < 2) continue;
+    for (double r : rs) AddLayerBars(sw, pts, model, layers, r, *pts.tokens.rbegin(), tag, s);
+  }
+}
+
+// Every point, whatever was plotted.
+Table EveryPointTable(const SweepPoints& pts) {
+  Table all;
+  all.caption = "Every point of the sweep";
+  all.header = kCertHeader;
+  for (const PointView& v : pts.views) all.rows.push_back(CertRow(v.cert()));
+  return all;
+}
+
 std::vector<Section> RenderSweeps(const std::vector<const ReportInput*>& inputs) {
   std::vector<Section> out;
   int sweep_no = 0;
@@ -208,154 +396,13 @@ std::vector<Section> RenderSweeps(const std::vector<const ReportInput*>& inputs)
     const json& sw = in->doc;
     ++sweep_no;
     const std::string tag = inputs.size() > 1 ? "sweep" + std::to_string(sweep_no) + "-" : "";
-    Section s;
-    s.title = "Sweep: " + sw["set"].get<std::string>() + " sets, norm " + sw["norm"].get<std::string>() +
-              (inputs.size() > 1 ? " (" + std::filesystem::path(in->path).filename().string() + ")" : "");
-    const size_t done = sw["points"].size();
-    const int total = sw["total_points"].get<int>();
-    s.blocks.push_back(Paragraph{std::to_string(done) + " of " + std::to_string(total) + " points certified" +
-                                 (sw["complete"].get<bool>() ? "." : " (incomplete: rerun the command to finish it).") +
-                                 " Made by:"});
-    s.blocks.push_back(Paragraph{sw["command_line"].get<std::string>(), true});
-    // Group the points.
-    std::vector<PointView> views;
-    std::map<std::string, std::set<int>> layers_of;
-    for (const json& p : sw["points"]) {
-      const json& c = p["certificate"];
-      layers_of[ModelLabel(c)].insert(p["layer"].get<int>());
-    }
-    for (const json& p : sw["points"]) {
-      const json& c = p["certificate"];
-      const std::string m = ModelLabel(c);
-      const std::string series = layers_of[m].size() > 1 ? m + " layer " + std::to_string(p["layer"].get<int>()) : m;
-      views.push_back({&p, series, p["radius_request"].get<double>(), p["tokens"].get<int>()});
-    }
-    std::set<double> radii;
-    std::set<int> tokens;
-    std::vector<std::string> series_order;
-    for (const PointView& v : views) {
-      radii.insert(v.x_radius), tokens.insert(v.tokens);
-      if (std::find(series_order.begin(), series_order.end(), v.series) == series_order.end())
-        series_order.push_back(v.series);
-    }
-    auto collect = [&](std::function<bool(const PointView&)> keep, std::function<double(const PointView&)> key) {
-      std::vector<std::pair<std::string, std::vector<const PointView*>>> groups;
-      for (const std::string& name : series_order) {
-        std::vector<const PointView*> pts;
-        for (const PointView& v : views)
-          if (v.series == name && keep(v)) pts.push_back(&v);
-        std::sort(pts.begin(), pts.end(), [&](auto* a, auto* b) { return key(*a) < key(*b); });
-        if (!pts.empty()) groups.push_back({name, pts});
-      }
-      return groups;
-    };
-    const std::string rlabel = RadiusLabel(sw);
-    const bool many_layers = std::any_of(layers_of.begin(), layers_of.end(), [](auto& e) { return e.second.size() > 1; });
-    // Against the radius, one plot per N (when there are several radii).
-    if (radii.size() > 1 && (!many_layers || series_order.size() <= 6)) {
-      for (int n : tokens) {
-        auto groups = collect([&](const PointView& v) { return v.tokens == n; },
-                              [](const PointView& v) { return v.x_radius; });
-        Table t;
-        t.caption = "Bounds against the radius, N = " + std::to_string(n);
-        const std::string title = "Certified and witnessed bounds against the radius (" + sw["set"].get<std::string>() +
-                                  " sets, N = " + std::to_string(n) + ")";
-        const LinePlot lp = BoundsPlot(title, rlabel, groups, [](const PointView& v) { return v.x_radius; }, &t, rlabel);
-        s.blocks.push_back(Figure{tag + "radius-N" + std::to_string(n), RenderLinePlot(lp),
-                                  "Solid: certified upper bound; dashed: witnessed lower bound; shaded: the band "
-                                  "between them, which holds the true local Lipschitz constant; dotted: published "
-                                  "closed-form bounds evaluated by lipcert."});
-        s.blocks.push_back(t);
-        // The gap.
-        LinePlot gp;
-        gp.title = "Gap (certified / witnessed) against the radius, N = " + std::to_string(n);
-        gp.x_label = rlabel;
-        gp.y_label = "upper / lower";
-        Table gt;
-        gt.caption = "Gap against the radius, N = " + std::to_string(n);
-        gt.header = {"series", rlabel, "gap", "certified upper", "witnessed lower", "status"};
-        int k = 0;
-        for (const auto& [name, pts] : groups) {
-          Series g{name, "gap", {}, {}, PaletteColor(k++), LineStyle::kSolid, true};
-          for (const PointView* v : pts) {
-            const json& c = v->cert();
-            const double gap = c["gap"].is_number() ? c["gap"].get<double>() : INFINITY;
-            g.x.push_back(v->x_radius), g.y.push_back(gap);
-            gt.rows.push_back({name, FormatNumber(v->x_radius, 6), FormatNumber(gap, 5), FormatJsonNumber(c["upper_bound"], 8),
-                               FormatJsonNumber(c["lower_bound"], 8), c["status"].get<std::string>()});
-          }
-          gp.series.push_back(g);
-        }
-        s.blocks.push_back(Figure{tag + "gap-N" + std::to_string(n), RenderLinePlot(gp),
-                                  "How far the certificate is from tight: 1 means the certified bound is attained."});
-        s.blocks.push_back(gt);
-      }
-    }
-    // Against N, one plot per radius (at most the smallest and the largest).
-    if (tokens.size() > 1) {
-      std::vector<double> rs(radii.begin(), radii.end());
-      if (rs.size() > 2) rs = {rs.front(), rs.back()};
-      for (double r : rs) {
-        auto groups = collect([&](const PointView& v) { return v.x_radius == r; },
-                              [](const PointView& v) { return double(v.tokens); });
-        Table t;
-        t.caption = "Bounds against N, " + rlabel + " = " + FormatNumber(r, 6);
-        const LinePlot lp = BoundsPlot("Bounds against the number of tokens N (" + rlabel + " = " + FormatNumber(r, 6) + ")",
-                                       "tokens N", groups, [](const PointView& v) { return double(v.tokens); }, &t, "N");
-        s.blocks.push_back(Figure{tag + "tokens-r" + FormatNumber(r, 6), RenderLinePlot(lp),
-                                  "Solid: certified; dashed: witnessed; dotted: closed forms."});
-        s.blocks.push_back(t);
-      }
-    }
-    // One bar group per layer, for checkpoints with several.
-    if (many_layers) {
-      std::vector<double> rs(radii.begin(), radii.end());
-      if (rs.size() > 2) rs = {rs.front(), rs.back()};
-      for (const auto& [model, layers] : layers_of) {
-        if (layers.size() < 2) continue;
-        for (double r : rs) {
-          const int n = *tokens.rbegin();
-          BarPlot bp;
-          bp.title = model + ": every layer (" + rlabel + " = " + FormatNumber(r, 6) + ", N = " + std::to_string(n) + ")";
-          bp.y_label = "local Lipschitz constant";
-          bp.bar_labels = {"certified upper", "witnessed lower"};
-          bp.bar_ids = {"upper", "lower"};
-          bp.colors = {"#1f77b4", "#d62728"};
-          Table t;
-          t.caption = model + ": per layer, " + rlabel + " = " + FormatNumber(r, 6) + ", N = " + std::to_string(n);
-          t.header = kCertHeader;
-          std::set<std::string> cf_names;
-          for (const PointView& v : views)
-            if (ModelLabel(v.cert()) == model && v.x_radius == r && v.tokens == n)
-              for (const auto& [e, val] : ClosedForms(v.cert())) cf_names.insert(e);
-          for (const std::string& e : cf_names) bp.bar_labels.push_back(e), bp.bar_ids.push_back(e), bp.colors.push_back("#7f7f7f");
-          for (int layer : layers)
-            for (const PointView& v : views) {
-              const json& c = v.cert();
-              if (ModelLabel(c) != model || v.x_radius != r || v.tokens != n || (*v.p)["layer"].get<int>() != layer) continue;
-              BarGroup g{"layer " + std::to_string(layer), {UpperOf(c), LowerOf(c)}};
-              const auto cfs = ClosedForms(c);
-              for (const std::string& e : cf_names) {
-                double val = INFINITY;
-                for (const auto& [name, x] : cfs)
-                  if (name == e) val = x;
-                g.values.push_back(val);
-              }
-              bp.groups.push_back(g);
-              t.rows.push_back(CertRow(c));
-            }
-          s.blocks.push_back(Figure{tag + "layers-" + model + "-r" + FormatNumber(r, 6), RenderBarPlot(bp),
-                                    "One group per layer of the checkpoint."});
-          s.blocks.push_back(t);
-        }
-      }
-    }
-    // Every point, whatever was plotted.
-    Table all;
-    all.caption = "Every point of the sweep";
-    all.header = kCertHeader;
-    for (const PointView& v : views) all.rows.push_back(CertRow(v.cert()));
-    s.blocks.push_back(all);
+    Section s = SweepIntro(*in, inputs.size() > 1);
+    const SweepPoints pts = GroupPoints(sw);
+    // Against the radius when there are several radii (and not too many layer series to read).
+    if (pts.radii.size() > 1 && (!pts.many_layers || pts.series_order.size() <= 6)) AddRadiusFigures(sw, pts, tag, &s);
+    if (pts.tokens.size() > 1) AddTokenFigures(sw, pts, tag, &s);
+    if (pts.many_layers) AddLayerFigures(sw, pts, tag, &s);
+    s.blocks.push_back(EveryPointTable(pts));
     out.push_back(std::move(s));
   }
   return out;

@@ -10,7 +10,7 @@
 #                                    # --device cuda` at the three sizes, results under $OUT
 #
 # Bundle contents: bin/{lipcert,kernels_tests} built with -DLIPCERT_CUDA_GEMM=builtin (the
-# tiled GEMM of kernels/cuda/cuda_core.cu and the static CUDA runtime: cuBLAS cannot travel,
+# tiled GEMM of kernels/cuda/gemm.cu and the static CUDA runtime: cuBLAS cannot travel,
 # libcublasLt alone is over 500 MB) and -march=x86-64-v3 (the device host's CPU is unknown;
 # native code for this machine could use instructions another x86 lacks); lib/ holds every
 # shared library ldd lists except the driver (libcuda, the device's own) and the vDSO,

@@ -1,5 +1,5 @@
 // Host-facing interface of the CUDA back end (no CUDA syntax here: raw host pointers and
-// an opaque implementation). The device code in cuda_core.cu mirrors kernels/cpu_layer.h
+// an opaque implementation). The device code (kernels/cuda/*.cu) mirrors kernels/cpu_layer.h
 // step by step: the same products, done as cuBLAS strided-batched GEMMs over all points
 // (and per head), plus simple kernels for the row-wise softmax algebra, LayerNorm and the
 // vector operations of the shared Lanczos driver (kernels/lanczos.h).
