@@ -24,6 +24,9 @@ Command AddCertifyCommand(CLI::App& parent) {
   CLI::App* app = parent.add_subcommand("certify", "certify the local Lipschitz constant of one layer over a set");
   AddCertifyOptions(app, a.get());
   return {app, [a] {
+            // From the start: a request during loading stops the run before its first stage.
+            std::signal(SIGINT, RequestStop);
+            std::signal(SIGTERM, RequestStop);
             PreparedJob job = PrepareJob(ToRequest(*a));
             if (!a->json_out.empty()) {
               // Anytime: every improvement is written atomically with status in_progress,
@@ -33,8 +36,6 @@ Command AddCertifyCommand(CLI::App& parent) {
               };
             }
             job.options.stop = &g_stop;
-            std::signal(SIGINT, RequestStop);
-            std::signal(SIGTERM, RequestStop);
             const CertifyOutcome r = RunJob(job);
             std::signal(SIGINT, SIG_DFL);
             std::signal(SIGTERM, SIG_DFL);

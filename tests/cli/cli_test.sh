@@ -51,7 +51,7 @@ assert a[\"status\"] in (\"work_budget\", \"tolerance_reached\", \"engines_exhau
 "$bin" certify --model "$src/models/zoo/dot-layer0.safetensors" --center "$src/models/zoo/dot-layer0-centres.safetensors:x0" \
   --relative-radius 0.01 --time-limit 120 --tolerance 0 --quiet --json "$tmp/int.json" >"$tmp/int.txt" &
 pid=$!
-for _ in $(seq 100); do [ -s "$tmp/int.json" ] && break; sleep 0.1; done
+for _ in $(seq 600); do [ -s "$tmp/int.json" ] && break; sleep 0.1; done
 kill -INT $pid
 wait $pid
 check "SIGINT: exit 0" "[ $? -eq 0 ]"
