@@ -35,7 +35,7 @@ double CentreNormSecondsEstimate(const AttentionLayer& L, int tokens, const Cent
 }
 
 bool FactoredHeadsApply(const AttentionLayer& L, const CentreNormOptions& o) {
-  return o.factored_heads && L.kind == AttentionKind::kDot && (!L.layer_norm.has_value() || o.mha_only);
+  return o.factored_heads && L.kind == AttentionKind::kDot;  // MHA alone or the pre-LN sublayer (factored_heads.cc)
 }
 
 double FactoredHeadsSecondsEstimate(const AttentionLayer& L, int tokens) {
