@@ -1,4 +1,4 @@
-// The heads factored: dot-product MHA alone at any size, in seconds (docs/engines.md,
+// The heads factored: dot-product MHA alone and the pre-LN sublayer at any size, in seconds (docs/engines.md,
 // "Centre norm: the heads factored"). J = V + K + Q with block (i, j)
 //   V_ij = sum_h P^h_ij W_h                  (the values, W_h = Wo_h Wv_h)
 //   K_ij = sum_h a^h_ij g^h_i^T              (the keys: token j's key moves logit s_ij)
