@@ -481,7 +481,7 @@ EngineBound CentreNormBound(const AttentionLayer& L, const TokenCover& cover, co
     if (opts.norm == NormKind::kL2 && long(tokens) * L.d_model > centre_dense_limit && FactoredHeadsApply(L, co) &&
         reserve_s > 0.8 * window) {
       co.super_blocks = false;
-      reserve_s = 1.6 * FactoredHeadsSecondsEstimate(L, tokens);
+      reserve_s = 1.6 * FactoredHeadsSecondsEstimate(L, tokens) * (L.layer_norm ? 2 : 1);  // pre-LN: J_M(z0) too
     }
     refine_until = opts.deadline - std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                                        std::chrono::duration<double>(reserve_s));
