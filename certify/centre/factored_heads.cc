@@ -1,4 +1,4 @@
-// The heads factored: dot-product MHA alone at any size, in seconds (docs/engines.md,
+// The heads factored: dot-product MHA alone and the pre-LN sublayer at any size, in seconds (docs/engines.md,
 // "Centre norm: the heads factored"). J = V + K + Q with block (i, j)
 //   V_ij = sum_h P^h_ij W_h                  (the values, W_h = Wo_h Wv_h)
 //   K_ij = sum_h a^h_ij g^h_i^T              (the keys: token j's key moves logit s_ij)
@@ -17,6 +17,15 @@
 // diffusely (random BERT-base-sized weights: 9.203 against sigma_1 = 2.795, where the
 // super-blocks give 61.5); far looser than the super-blocks where they are sharp (MiniLM,
 // N = 64: 26.70 against 3.48), so the centre norm takes the smaller.
+//
+// The pre-LN sublayer X + MHA(LN(X)) (docs/engines.md, "The pre-LN sublayer"): J = I + J_M(Z0) D,
+// D = blockdiag_j J_LN_j, J_LN_j = diag(gamma) (1/sigma_j) Pi_j with Pi_j = I - 1 1^T/D - xhat xhat^T/D
+// (eigenvalues 1, 0 and 1 - ||xhat||^2/D in [0, 1]: ||Pi_j|| <= 1). So ||J|| <= 1 + ||J_M C||,
+// C = blockdiag_j(diag(gamma) s_j), s_j = 1/sigma_j, and J_M C has the factored structure with
+// each input-side factor carrying C: P'_h = P_h diag(s) (column token j), W'_h = W_h diag(gamma)
+// (Wv' = Wv diag(gamma)), a'_ij = s_j a_ij and g' = gamma o g (the keys), and
+// E'_i = s_i sum_j a_ij (gamma o bt_j)^T = s_i sum_j a'_ij (sigma_j gamma o bt_j)^T (the queries).
+// The token factor 1/sigma_j stays per token, never max_j ||J_LN_j||.
 
 #include "certify/centre/internal.h"
 
@@ -90,7 +99,8 @@ struct FactoredValues {
 // ||(I (x) Wo) blockdiag_h(D_h (x) I) (I (x) Wv)|| <= ||[s_h Wo_h]_h|| ||[(||D_h|| / s_h) Wv_h]_h||
 // for any s_h > 0 (one factor's columns, the other's rows scaled): s_h = 1 and
 // s_h = sqrt(||D_h||) besides the common max_h ||D_h||; dn[h] >= ||D_h||.
-UpperBound ScaledPairUp(const AttentionLayer& L, UpperBound wo_norm, const std::vector<double>& dn, int threads) {
+UpperBound ScaledPairUp(const AttentionLayer& L, const IntervalMatrix& wv, UpperBound wo_norm, const std::vector<double>& dn,
+                        int threads) {
   const int hs = L.heads;
   const int dv = L.head_dim_v;
   std::vector<Interval> col_scale(size_t(hs) * dv), row_scale(size_t(hs) * dv);
@@ -99,17 +109,17 @@ UpperBound ScaledPairUp(const AttentionLayer& L, UpperBound wo_norm, const std::
       col_scale[size_t(h) * dv + c] = Sqrt(Interval(dn[h]));
       row_scale[size_t(h) * dv + c] = Interval(dn[h]);
     }
-  const IntervalMatrix wo_t = IntervalMatrix::Point(Eigen::MatrixXd(L.wo.transpose())), wv = IntervalMatrix::Point(L.wv);
+  const IntervalMatrix wo_t = IntervalMatrix::Point(Eigen::MatrixXd(L.wo.transpose()));
   const UpperBound rows_only = MulNonneg(wo_norm, NormL2UpperGram(ScaleRows(wv, row_scale), threads));
   const UpperBound split = MulNonneg(NormL2UpperGram(ScaleRows(wo_t, col_scale), threads),
                                      NormL2UpperGram(ScaleRows(wv, col_scale), threads));
   return Min(rows_only, split);
 }
 
-// The values: ||V|| through Pbar, the heads' spread about it and W. False (and *v
-// unfinished) when the deadline passed after the heads' norms.
-bool FactoredValuesBound(const CentreState& S, const AttentionLayer& L, int threads, Deadline deadline,
-                         FactoredValues* v) {
+// The values: ||V|| through Pbar, the heads' spread about it and W (wv: Wv, or Wv diag(gamma)
+// for the pre-LN sublayer). False (and *v unfinished) when the deadline passed after the heads' norms.
+bool FactoredValuesBound(const CentreState& S, const AttentionLayer& L, const IntervalMatrix& wv, int threads,
+                         Deadline deadline, FactoredValues* v) {
   const int hs = S.heads;
   IntervalMatrix p_sum = S.head[0].p, w_sum = S.head[0].w;
   for (int h = 1; h < hs; ++h) {
@@ -125,18 +135,18 @@ bool FactoredValuesBound(const CentreState& S, const AttentionLayer& L, int thre
   });
   if (Past(deadline)) return false;
   const UpperBound wo_norm = NormL2UpperGram(L.wo, threads);
-  const UpperBound wo_wv = MulNonneg(wo_norm, NormL2UpperGram(Eigen::MatrixXd(L.wv.transpose()), threads));
+  const UpperBound wo_wv = MulNonneg(wo_norm, NormL2UpperGram(wv.transpose(), threads));
   UpperBound spread_heads(0.0), whole_heads(0.0);
   for (int h = 0; h < hs; ++h) {
     spread_heads = spread_heads + MulNonneg(UpperBound(dev_norm[h]), UpperBound(w_norm[h]));
     whole_heads = whole_heads + MulNonneg(UpperBound(p_norm[h]), UpperBound(w_norm[h]));
   }
   const UpperBound spread = Min(Min(MulNonneg(wo_wv, UpperBound(*std::max_element(dev_norm.begin(), dev_norm.end()))), spread_heads),
-                                ScaledPairUp(L, wo_norm, dev_norm, threads));
+                                ScaledPairUp(L, wv, wo_norm, dev_norm, threads));
   const UpperBound p_bar_norm = NormL2UpperGram(p_bar, threads), w_sum_norm = NormL2UpperGram(w_sum, threads);
   const UpperBound mean = MulNonneg(p_bar_norm, w_sum_norm);
   v->value = Min(Min(mean + spread, MulNonneg(wo_wv, UpperBound(*std::max_element(p_norm.begin(), p_norm.end())))),
-                 Min(whole_heads, ScaledPairUp(L, wo_norm, p_norm, threads)));
+                 Min(whole_heads, ScaledPairUp(L, wv, wo_norm, p_norm, threads)));
   v->w_sum = std::move(w_sum);
   v->wo_norm = wo_norm;
   v->spread = spread;
@@ -156,7 +166,9 @@ struct QueryRows {
   double seconds = 0;
 };
 
-QueryRows QueryRowsOf(const CentreState& S, int threads, Deadline deadline) {
+// query_scale (the pre-LN sublayer's s_i, or empty) multiplies A_i's stack after alpha_i and
+// before E_i's product.
+QueryRows QueryRowsOf(const CentreState& S, const std::vector<Interval>& query_scale, int threads, Deadline deadline) {
   const int n = S.n, d = S.d, hs = S.heads;
   IntervalMatrix bt_stack(Eigen::MatrixXd::Zero(long(hs) * n, d), Eigen::MatrixXd::Zero(long(hs) * n, d));
   for (int h = 0; h < hs; ++h) {
@@ -183,6 +195,7 @@ QueryRows QueryRowsOf(const CentreState& S, int threads, Deadline deadline) {
       a_stack.rad.middleRows(long(h) * n, n) = a.rad;
     }
     q.alpha[i] = NormL2UpperGram(a_stack, 1).value();
+    if (!query_scale.empty()) a_stack = ScaleRows(a_stack, std::vector<Interval>(size_t(hs) * n, query_scale[i]));
     // E_i = a^T bt about fl(Ma^T Mb): one GEMM, its rounding (SumErrorF, |Ma|^T |Mb| <=
     // ||Ma||_F ||Mb||_F) and the radii norm-wise (|Ma|^T Rb + Ra^T |Mb| + Ra^T Rb).
     const double ma_f = NormFrobeniusUpper(a_stack.mid).value(), ra_f = NormFrobeniusUpper(a_stack.rad).value();
@@ -280,22 +293,90 @@ void AddCrossTerms(const CentreState& S, const FactoredValues& v, const QueryRow
   }
 }
 
+// x(r, a) row_scale[r] col_scale[a] (either empty: no scale on that side).
+IntervalMatrix ScaleBoth(const IntervalMatrix& x, const std::vector<Interval>& row_scale,
+                         const std::vector<Interval>& col_scale) {
+  Eigen::MatrixXd lo(x.rows(), x.cols()), hi(x.rows(), x.cols());
+  for (Eigen::Index a = 0; a < x.cols(); ++a)
+    for (Eigen::Index r = 0; r < x.rows(); ++r) {
+      Interval v = x(r, a);
+      if (!row_scale.empty()) v = v * row_scale[r];
+      if (!col_scale.empty()) v = v * col_scale[a];
+      lo(r, a) = v.lo;
+      hi(r, a) = v.hi;
+    }
+  return IntervalMatrix::FromBounds(lo, hi);
+}
+
+// The pre-LN sublayer's J_M C as the factored heads read it (the header: P'_h, W'_h, g', the
+// rows sigma_j gamma o bt_j), Wv diag(gamma) into *wv and s_i into *query_scale. 1/sigma_j and
+// sigma_j come from the LayerNorm factor's c_a = gamma_a / sigma_j at the largest |gamma_a|
+// (intervals holding the true values). False where gamma is 0 (then J_M C = 0: not this route).
+bool ScaledForLayerNorm(const CentreState& S, const AttentionLayer& L, int threads, CentreState* out, IntervalMatrix* wv,
+                        std::vector<Interval>* query_scale) {
+  const int n = S.n, d = S.d;
+  const Eigen::VectorXd& gamma = L.layer_norm->gamma;
+  Eigen::Index top = 0;
+  gamma.cwiseAbs().maxCoeff(&top);
+  if (!(gamma(top) != 0) || S.ln_factor.size() != size_t(n)) return false;
+  std::vector<Interval> g(d), s(n), sigma(n);
+  for (int a = 0; a < d; ++a) g[a] = Interval(gamma(a));
+  for (int j = 0; j < n; ++j) {
+    const Interval c = S.ln_factor[j].c[top];
+    if (!(c.lo > 0 || c.hi < 0)) return false;
+    s[j] = c / g[top];
+    sigma[j] = g[top] / c;
+  }
+  out->n = n;
+  out->d = d;
+  out->heads = S.heads;
+  out->dot = S.dot;
+  out->head.resize(S.heads);
+  ParallelFor(S.heads, WorkerCount(threads, S.heads), [&](int h, int) {
+    const HeadCentre& H = S.head[h];
+    HeadCentre& T = out->head[h];
+    T.p = ScaleBoth(H.p, {}, s);
+    T.w = ScaleBoth(H.w, {}, g);
+    T.g = ScaleBoth(H.g, {}, g);
+    T.bt = ScaleBoth(H.bt, sigma, g);
+    T.u = H.u;
+    T.ubar = H.ubar;
+    T.v = H.v;
+    T.vbar = H.vbar;
+  });
+  *wv = ScaleBoth(IntervalMatrix::Point(L.wv), {}, g);
+  *query_scale = std::move(s);
+  return true;
+}
+
 }  // namespace
 
 FactoredParts FactoredHeadsBound(const CentreState& S, const AttentionLayer& L, int threads, Deadline deadline) {
   FactoredParts out;
-  if (!S.dot || S.ln || S.identity) return out;
+  if (!S.dot || (S.identity && !S.ln) || (S.ln && !L.layer_norm)) return out;
+  // The pre-LN sublayer: the same bound on J_M C (the header), plus 1 for the identity.
+  CentreState scaled;
+  IntervalMatrix wv = IntervalMatrix::Point(L.wv);
+  std::vector<Interval> query_scale;
+  if (S.ln && !ScaledForLayerNorm(S, L, threads, &scaled, &wv, &query_scale)) return out;
+  const CentreState& T = S.ln ? scaled : S;
   FactoredValues values;
-  if (!FactoredValuesBound(S, L, threads, deadline, &values)) return out;
+  if (!FactoredValuesBound(T, L, wv, threads, deadline, &values)) return out;
   out.value = values.value;
-  const QueryRows rows = QueryRowsOf(S, threads, deadline);
+  const QueryRows rows = QueryRowsOf(T, query_scale, threads, deadline);
   if (Past(deadline)) return out;
   out.queries = UpperBound(*std::max_element(rows.e_norm.begin(), rows.e_norm.end()));
-  const KeyRows keys = KeysBound(S, rows.alpha, values.wo_norm, threads);
+  const KeyRows keys = KeysBound(T, rows.alpha, values.wo_norm, threads);
   out.keys = keys.keys;
   if (rows.keep_e && std::isfinite(keys.phi_norm.value()) &&
       time_model::kFactoredCrossMargin * rows.seconds < SecondsLeft(deadline))
-    AddCrossTerms(S, values, rows, keys, threads, deadline, &out);
+    AddCrossTerms(T, values, rows, keys, threads, deadline, &out);
+  // ||I + V + K + Q|| <= (1 + ||V||) + ||K + Q||: the values' part carries the identity, and so
+  // does the crossed bound (Total() then counts it once).
+  if (S.identity) {
+    out.value = out.value + UpperBound(1.0);
+    out.crossed = out.crossed + UpperBound(1.0);
+  }
   return out;
 }
 

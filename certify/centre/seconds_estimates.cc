@@ -26,7 +26,7 @@ double CentreNormSecondsEstimate(const AttentionLayer& L, int tokens, const Cent
 }
 
 bool FactoredHeadsApply(const AttentionLayer& L, const CentreNormOptions& o) {
-  return o.factored_heads && L.kind == AttentionKind::kDot && (!L.layer_norm.has_value() || o.mha_only);
+  return o.factored_heads && L.kind == AttentionKind::kDot;  // MHA alone or the pre-LN sublayer (factored_heads.cc)
 }
 
 double FactoredHeadsSecondsEstimate(const AttentionLayer& L, int tokens) {
@@ -37,8 +37,11 @@ double FactoredHeadsSecondsEstimate(const AttentionLayer& L, int tokens) {
   // rows' pass (measured: 18.2 s in all at BERT-base size on the 2-core EPYC). Counted in,
   // the variation's reserve grew by 6 s at BERT-base size and its refinement lost more
   // (0.1%, 120 s: 85.12 against 68.21) than the cross terms gain.
-  return kFactoredSecondsPerFlop * n * (4 * h * n * d * d) * GemmSlowdown() +
-         kFusedAssemblySeconds * h * n * n * d * IntervalSlowdown();
+  // The pre-LN sublayer certifies two centre norms through the heads' factors (the sublayer
+  // and J_M(z0)), hence twice the time.
+  const double passes = L.layer_norm ? 2 : 1;
+  return passes * (kFactoredSecondsPerFlop * n * (4 * h * n * d * d) * GemmSlowdown() +
+                   kFusedAssemblySeconds * h * n * n * d * IntervalSlowdown());
 }
 
 double CentreNormMinimumSecondsEstimate(const AttentionLayer& L, int tokens, const CentreNormOptions& o) {
