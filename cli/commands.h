@@ -26,6 +26,8 @@ Command AddBenchCommand(CLI::App& parent);
 Command AddSweepCommand(CLI::App& parent);
 Command AddReportCommand(CLI::App& parent);
 Command AddAuditCommand(CLI::App& parent);
+// `lipcert hf ...`: runs `python -m lipcert.hf ...` (cli/hf.cc); returns only on failure.
+int RunHfCommand(int argc, char** argv);
 
 // Shared by certify and search: the request's options and where output goes.
 struct CertifyArgs {

@@ -1,13 +1,15 @@
 // lipcert command-line interface: one file per subcommand (cli/<name>.cc); the
 // certification pipeline itself is certify/pipeline.h.
 //
-//   lipcert inspect | certify | search | zoo | bench | sweep | report   (lipcert SUBCOMMAND --help)
+//   lipcert inspect | certify | search | zoo | bench | sweep | report | audit | hf
+//   (lipcert SUBCOMMAND --help)
 //
 // Exit status: 0 success, 2 bad input (one line naming the file and the field, no output
 // file written), 1 internal error. Nothing below main() exits.
 #include <cctype>
 #include <iostream>
 #include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "cli/commands.h"
@@ -29,7 +31,10 @@ std::string AsFlagMessage(const std::string& message) {
 }
 
 int Main(int argc, char** argv) {
+  if (argc >= 2 && std::string(argv[1]) == "hf") return RunHfCommand(argc, argv);
   CLI::App app{"lipcert: certified local Lipschitz bounds of attention layers"};
+  app.footer("lipcert hf MODEL_DIR --text ... : a HuggingFace folder's layers from text, through the Python "
+             "package (python -m lipcert.hf --help)");
   app.require_subcommand(1);
   const std::vector<Command> commands = {AddInspectCommand(app), AddCertifyCommand(app), AddSearchCommand(app),
                                          AddZooCommand(app), AddBenchCommand(app),
