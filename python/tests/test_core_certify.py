@@ -168,6 +168,23 @@ def test_two_threads_give_the_same_results_as_one_after_the_other(zoo, zoo_layer
     assert serial[0].upper_bound != serial[1].upper_bound  # two different jobs were compared
 
 
+def test_budgeted_runs_repeat_bit_for_bit_on_any_thread_count(rng):
+    p = random_layer_args(rng, kind="dot", d=6, heads=2, dk=3, sublayer="pre")
+    layer = lipcert.Layer.from_arrays(**p)
+    x0 = rng.standard_normal((4, 6))
+    runs = [lipcert.certify(layer, x0, relative_radius=0.05, budget=(30, 1), threads=t, progress=False)
+            for t in (1, 2, 1)]
+    for c in runs:
+        assert c.status in ("work_budget", "tolerance_reached", "engines_exhausted")
+        assert (c.upper_bound, c.lower_bound) == (runs[0].upper_bound, runs[0].lower_bound)
+        assert c.probabilistic == runs[0].probabilistic  # its seed is fixed under a budget too
+    assert runs[0].upper_bound >= runs[0].lower_bound > 0
+    with pytest.raises(ValueError, match="budget"):
+        lipcert.certify(layer, x0, radius=0.1, budget=0, progress=False)
+    with pytest.raises(ValueError, match="budget"):
+        lipcert.certify(layer, x0, radius=0.1, budget=(1, 2, 3), progress=False)
+
+
 def test_ctrl_c_returns_a_sound_certificate(zoo, zoo_layer):
     x0 = lipcert.load_centre(f"{zoo}/dot-layer0-centres.safetensors:x0", zoo_layer)
     timer = threading.Timer(4.0, signal.raise_signal, args=(signal.SIGINT,))
@@ -177,7 +194,7 @@ def test_ctrl_c_returns_a_sound_certificate(zoo, zoo_layer):
                             progress=False)
     finally:
         timer.cancel()
-    assert c.interrupted
+    assert c.interrupted and c.status == "interrupted"
     assert c.elapsed_s < 30
     # Sound whenever it is stopped: a finite certified upper bound above the witnessed lower.
     assert math.isfinite(c.upper_bound) and c.upper_bound >= c.lower_bound >= 0
