@@ -95,6 +95,7 @@ SearchOptions SearchOnlyOptions(const PreparedJob& job) {
   so.threads = job.options.threads;
   so.time_limit_s = job.options.time_limit_s;
   so.verbose = job.options.progress;
+  so.stop = job.options.stop;
   return so;
 }
 

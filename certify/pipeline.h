@@ -80,7 +80,7 @@ struct CertifyOutcome {
 CertifyOutcome RunJob(const PreparedJob& job);
 
 // The options of the lower-bound search alone (`lipcert search`, lipcert.search): the job's
-// norm, seed and threads, with the whole time limit.
+// norm, seed, threads and stop flag, with the whole time limit.
 SearchOptions SearchOnlyOptions(const PreparedJob& job);
 
 // PrepareJob then RunJob: the whole pipeline in one call.

@@ -116,12 +116,18 @@ def search(layer, x0, set="ball", radius=None, relative_radius=None, norm=2, tim
            progress=True, *, centre_name=None):
     """The witnessed lower bound alone, with the whole time limit (`lipcert search`).
 
-    Arguments as for certify. Returns a lipcert.SearchResult (lower_bound, witness).
+    Arguments as for certify. Returns a lipcert.SearchResult (lower_bound, witness); Ctrl-C
+    ends the search early and returns its witness so far.
     """
     centre, s = _settings(layer, x0, set, radius, relative_radius, norm, time_limit, threads, seed, None, 0.01,
                           False, 0, centre_name)
     run = _core.Run(layer._core, centre, s)
-    core, interrupted = run_in_worker(run.search, progress=progress, label="lipcert search", total_s=run.time_limit)
+    def on_interrupt():  # the search ends as at its time limit; its witness so far comes back
+        run.request_stop()
+        return True, None
+
+    core, interrupted = run_in_worker(run.search, progress=progress, label="lipcert search", total_s=run.time_limit,
+                                      on_interrupt=on_interrupt)
     return SearchResult(core, interrupted=interrupted)
 
 

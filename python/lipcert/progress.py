@@ -6,7 +6,8 @@ asked to stop (CertifyOptions::stop: every stage ends at its next check) and its
 certificate so far is returned, status interrupted: every certificate lipcert reports is
 sound at any moment, so stopping early only widens the gap. A second Ctrl-C returns the
 last improved (in-progress) certificate at once, leaving the worker to end in the
-background. Calls with nothing to stop (search, sweep) raise KeyboardInterrupt.
+background. A call with nothing to stop (a sweep: its journal keeps the finished points)
+raises KeyboardInterrupt.
 """
 
 import sys

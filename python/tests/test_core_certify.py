@@ -223,3 +223,17 @@ def test_sweep_of_a_layer(rng, tmp_path):
     again = lipcert.sweep(layer, x0, relative_radii=[0, 0.01], time_limit_per_point=1, threads=1,
                           out=tmp_path / "sweep", progress=False)
     assert again["resumed"] == 2 and again["computed"] == 0
+
+
+def test_ctrl_c_ends_a_search_with_its_witness_so_far(rng):
+    p = random_layer_args(rng, kind="dot", d=8, heads=2, dk=4)
+    layer = lipcert.Layer.from_arrays(**p)
+    x0 = rng.standard_normal((6, 8))
+    timer = threading.Timer(2.0, signal.raise_signal, args=(signal.SIGINT,))
+    timer.start()
+    try:
+        r = lipcert.search(layer, x0, radius=0.1, time_limit=60, threads=1, progress=False)
+    finally:
+        timer.cancel()
+    assert r.interrupted and r.elapsed_s < 30
+    assert r.lower_bound > 0 and np.linalg.norm(r.witness.x - x0) <= 0.1 * (1 + 1e-9)
