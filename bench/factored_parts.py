@@ -2,7 +2,7 @@
 """The norms of the three paths of J(X0) for dot-product attention alone (floating power
 iteration, NOT a certificate): the values V (sum_h P_h (x) W_h), the keys K (block (i, j):
 sum_h a^h_ij g^h_i^T) and the queries Q (block diagonal E_i), then K + Q and J = V + K + Q.
-What the factored heads' bound (certify/centre_norm.cc, docs/engines.md "Centre norm: the
+What the factored heads' bound (certify/centre/factored_heads.cc, docs/engines.md "Centre norm: the
 heads factored") loses to its triangle inequality, and to each part's own bound.
 
     /usr/bin/python3 bench/factored_parts.py /tmp/bert/bert-size.safetensors - /tmp/bert/centre.safetensors x0

@@ -45,7 +45,7 @@ int main(int argc, char** argv) {
     }
   }
   // The probe, several times: its spread is the calibration's noise on this machine.
-  std::printf("probe (best of %d runs each; reference: interval %.3g s, GEMM %.3g s)\n", time_model::kProbeRuns,
+  std::printf("probe (reference, idle: interval %.3g s, GEMM %.3g s; refit them from the CPU seconds)\n",
               time_model::kReferenceIntervalProbeSeconds, time_model::kReferenceGemmProbeSeconds);
   for (int r = 0; r < runs; ++r) std::printf("  %s\n", CalibrationSummary(MeasureCalibration()).c_str());
   const MachineCalibration& cal = Calibration();

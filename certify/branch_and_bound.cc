@@ -77,6 +77,20 @@ bool CertainlyDisjoint(const InputSet& set, const Eigen::MatrixXd& lo, const Eig
   return false;
 }
 
+// The piece's widest coordinate (token, feature): the one split.
+std::pair<Eigen::Index, Eigen::Index> WidestCoordinate(const Piece& p) {
+  Eigen::Index bi = 0, bj = 0;
+  double w = -1;
+  for (Eigen::Index i = 0; i < p.lo.rows(); ++i)
+    for (Eigen::Index j = 0; j < p.lo.cols(); ++j)
+      if (p.hi(i, j) - p.lo(i, j) > w) {
+        w = p.hi(i, j) - p.lo(i, j);
+        bi = i;
+        bj = j;
+      }
+  return {bi, bj};
+}
+
 }  // namespace
 
 BranchAndBoundResult BranchAndBound(const AttentionLayer& layer, const InputSet& set, LowerBound lower,
@@ -125,16 +139,7 @@ BranchAndBoundResult BranchAndBound(const AttentionLayer& layer, const InputSet&
       break;
     }
     if (!opts.by_work && elapsed() + 2 * piece_seconds >= opts.time_limit_s) break;
-    // Split the widest coordinate.
-    Eigen::Index bi = 0, bj = 0;
-    double w = -1;
-    for (Eigen::Index i = 0; i < top.lo.rows(); ++i)
-      for (Eigen::Index j = 0; j < top.lo.cols(); ++j)
-        if (top.hi(i, j) - top.lo(i, j) > w) {
-          w = top.hi(i, j) - top.lo(i, j);
-          bi = i;
-          bj = j;
-        }
+    const auto [bi, bj] = WidestCoordinate(top);
     const double cut = 0.5 * top.lo(bi, bj) + 0.5 * top.hi(bi, bj);
     if (!(cut > top.lo(bi, bj) && cut < top.hi(bi, bj))) {
       res.exhausted = true;

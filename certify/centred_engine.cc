@@ -448,36 +448,73 @@ double CentreNormEngineSecondsEstimate(const AttentionLayer& layer, int tokens, 
   return layer.layer_norm ? 2 * one : one;  // the sublayer certifies ||J_M(zc)|| too
 }
 
+namespace {
+
+// When the variation's refinements end. They leave the centre norm its least time (the
+// assembly of its super-blocks, or its one dense certificate) with a margin of
+// kCentreNormReserve (the assembly took 53 to 72 s of its predicted 58 s at BERT-base size
+// on the 2-core EPYC): without it, at BERT-base size they took 48.6 s of a 105 s window and
+// the centre norm's 53 s assembly ran out of time (docs/engines.md, "The variation's time,
+// and the centre norm's reserve"). Where the super-blocks' least time takes more than
+// kFactoredAloneShare of the window and the heads factored apply (dot-product MHA alone),
+// the centre norm is the factored heads alone (co->super_blocks = false), and the variation
+// gets the time the super-blocks would have taken (BERT-base size: 9.203 in about 10 s
+// against 61.5 from the super-blocks in 84 s; docs/engines.md, "Centre norm: the heads
+// factored"). Without a deadline (a work budget), never.
+std::chrono::steady_clock::time_point VariationRefineUntil(const AttentionLayer& L, int tokens, const BoundOptions& opts,
+                                                           long centre_dense_limit, CentreNormOptions* co) {
+  if (opts.deadline == std::chrono::steady_clock::time_point::max()) return opts.deadline;
+  double reserve_s = time_model::kCentreNormReserve *
+                     CentreNormEngineSecondsEstimate(L, tokens, centre_dense_limit, opts.norm, /*minimum=*/true);
+  const double window = SecondsUntil(opts.deadline);
+  if (opts.norm == NormKind::kL2 && long(tokens) * L.d_model > centre_dense_limit && FactoredHeadsApply(L, *co) &&
+      reserve_s > time_model::kFactoredAloneShare * window) {
+    co->super_blocks = false;
+    reserve_s = time_model::kCentreNormReserve * FactoredHeadsSecondsEstimate(L, tokens);
+  }
+  return opts.deadline - std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                             std::chrono::duration<double>(reserve_s));
+}
+
+// How the centre norm was certified, for its term's name.
+std::string CentreNormHow(const CentreNormReport& report, bool inf) {
+  char factored_how[200];
+  if (report.factored_crossed <= report.factored)
+    std::snprintf(factored_how, sizeof factored_how,
+                  "heads factored, the paths with their cross terms: %.4g (values alone %.4g, keys and queries %.4g)",
+                  report.factored_crossed, report.factored_value,
+                  std::min(report.factored_keys + report.factored_queries, report.factored_keys_and_queries));
+  else if (report.factored_keys_and_queries < report.factored_keys + report.factored_queries)
+    std::snprintf(factored_how, sizeof factored_how, "heads factored: values %.4g + keys and queries %.4g (cross term)",
+                  report.factored_value, report.factored_keys_and_queries);
+  else
+    std::snprintf(factored_how, sizeof factored_how, "heads factored: values %.4g + keys %.4g + queries %.4g",
+                  report.factored_value, report.factored_keys, report.factored_queries);
+  return inf                       ? "row sums of the enclosure"
+                          : report.factored_won      ? std::string(factored_how)
+                          : report.method == "dense" ? "dense Gram/Cholesky certificate"
+                                                     : std::to_string(report.groups) + " x " +
+                                                           std::to_string(report.groups) + " token super-blocks, " +
+                                                           std::to_string(report.exact_blocks) + " certified densely" +
+                                                           (report.method == "deflated_super_block"
+                                                                ? ", deflated by " + std::to_string(report.deflation_vectors) +
+                                                                      " Lanczos vectors"
+                                                            : report.deflation_abandoned
+                                                                ? "; deflation abandoned: the machine was too slow for it"
+                                                                : std::string());
+}
+
+}  // namespace
+
 EngineBound CentreNormBound(const AttentionLayer& L, const TokenCover& cover, const BoundOptions& opts,
                             long centre_dense_limit, double give_up_above) {
   constexpr const char* kName = "centre_norm";
   if (const std::string why = CentreNormEngineRefusal(opts); !why.empty())
     throw std::invalid_argument(std::string(kName) + " engine: " + why);
-  // The variation's refinements leave the centre norm its least time (the assembly of its
-  // super-blocks, or its one dense certificate) with a margin of 1.6 (the assembly took 53 to
-  // 72 s of its predicted 58 s at BERT-base size on the 2-core EPYC): without it, at
-  // BERT-base size they took 48.6 s of a 105 s window and the centre norm's 53 s assembly
-  // ran out of time (docs/engines.md, "The variation's time, and the centre norm's reserve").
-  // Where the super-blocks' least time takes more than 0.8 of the window and the heads
-  // factored apply (dot-product MHA alone), the centre norm is the factored heads alone,
-  // and the variation gets the time the super-blocks would have taken (BERT-base size:
-  // 9.203 in about 10 s against 61.5 from the super-blocks in 84 s; docs/engines.md, "Centre
-  // norm: the heads factored").
   const auto t_variation = std::chrono::steady_clock::now();
   const int tokens = int(cover.center.rows());
   CentreNormOptions co = CentreNormOptionsOf(opts, centre_dense_limit);
-  auto refine_until = std::chrono::steady_clock::time_point::max();
-  if (opts.deadline != std::chrono::steady_clock::time_point::max()) {
-    double reserve_s = 1.6 * CentreNormEngineSecondsEstimate(L, tokens, centre_dense_limit, opts.norm, /*minimum=*/true);
-    const double window = std::chrono::duration<double>(opts.deadline - t_variation).count();
-    if (opts.norm == NormKind::kL2 && long(tokens) * L.d_model > centre_dense_limit && FactoredHeadsApply(L, co) &&
-        reserve_s > 0.8 * window) {
-      co.super_blocks = false;
-      reserve_s = 1.6 * FactoredHeadsSecondsEstimate(L, tokens);
-    }
-    refine_until = opts.deadline - std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                                       std::chrono::duration<double>(reserve_s));
-  }
+  const auto refine_until = VariationRefineUntil(L, tokens, opts, centre_dense_limit, &co);
   // With the factored heads alone the centre norm is short: the variation refines up to its reserve.
   const CentredVariation v = CentredVariationBound(L, cover, opts, refine_until, /*up_to_refine_until=*/!co.super_blocks);
   const double variation_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_variation).count();
@@ -551,30 +588,7 @@ EngineBound CentreNormBound(const AttentionLayer& L, const TokenCover& cover, co
   EngineBound out;
   out.upper = centre_norm + v.variation + ln_variation + anchor;
   out.centre_inf_row = inf ? inf_report.row : -1;
-  char factored_how[200];
-  if (report.factored_crossed <= report.factored)
-    std::snprintf(factored_how, sizeof factored_how,
-                  "heads factored, the paths with their cross terms: %.4g (values alone %.4g, keys and queries %.4g)",
-                  report.factored_crossed, report.factored_value,
-                  std::min(report.factored_keys + report.factored_queries, report.factored_keys_and_queries));
-  else if (report.factored_keys_and_queries < report.factored_keys + report.factored_queries)
-    std::snprintf(factored_how, sizeof factored_how, "heads factored: values %.4g + keys and queries %.4g (cross term)",
-                  report.factored_value, report.factored_keys_and_queries);
-  else
-    std::snprintf(factored_how, sizeof factored_how, "heads factored: values %.4g + keys %.4g + queries %.4g",
-                  report.factored_value, report.factored_keys, report.factored_queries);
-  const std::string how = inf                       ? "row sums of the enclosure"
-                          : report.factored_won      ? std::string(factored_how)
-                          : report.method == "dense" ? "dense Gram/Cholesky certificate"
-                                                     : std::to_string(report.groups) + " x " +
-                                                           std::to_string(report.groups) + " token super-blocks, " +
-                                                           std::to_string(report.exact_blocks) + " certified densely" +
-                                                           (report.method == "deflated_super_block"
-                                                                ? ", deflated by " + std::to_string(report.deflation_vectors) +
-                                                                      " Lanczos vectors"
-                                                            : report.deflation_abandoned
-                                                                ? "; deflation abandoned: the machine was too slow for it"
-                                                                : std::string());
+  const std::string how = CentreNormHow(report, inf);
   out.terms.push_back({"centre norm ||J(X0)|| (" + how + ")", centre_norm});
   out.terms.push_back({v.route, v.variation});
   if (v.in.residual) {

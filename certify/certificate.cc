@@ -33,6 +33,7 @@ const char* EngineIdToString(EngineId id) {
     case EngineId::kBranchAndBound: return "branch_and_bound";
     case EngineId::kPostLnComposition: return "post_ln_composition";
     case EngineId::kPostLnCentre: return "post_ln_centre";
+    case EngineId::kPostLnVariation: return "post_ln_variation";
   }
   return "?";
 }
@@ -40,7 +41,7 @@ const char* EngineIdToString(EngineId id) {
 bool StringToEngineId(const std::string& name, EngineId* id) {
   for (EngineId e : {EngineId::kClosedFormCastin, EngineId::kClosedFormKim, EngineId::kClosedFormKimInf,
                      EngineId::kBlockNorm, EngineId::kCentred, EngineId::kCentreNorm, EngineId::kBranchAndBound,
-                     EngineId::kPostLnComposition, EngineId::kPostLnCentre})
+                     EngineId::kPostLnComposition, EngineId::kPostLnCentre, EngineId::kPostLnVariation})
     if (name == EngineIdToString(e)) {
       *id = e;
       return true;
@@ -76,26 +77,11 @@ namespace {
 nlohmann::json Num(double v) { return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr); }
 }  // namespace
 
-nlohmann::json ToJson(const Certificate& c) {
-  nlohmann::json j;
-  j["schema"] = "lipcert.certificate/1";
-  j["model"] = {{"path", c.provenance.model_path},
-                {"sha256", c.provenance.model_sha256},
-                {"preset", c.provenance.preset},
-                {"layer", c.provenance.layer_index}};
-  j["layer"] = {{"kind", AttentionKindToString(c.kind)},         {"d_model", c.d_model},       {"heads", c.heads},
-                {"head_dim_qk", c.head_dim_qk}, {"head_dim_v", c.head_dim_v}, {"causal", c.causal},
-                {"layer_norm", c.layer_norm},   {"biases", c.biases},
-                {"post_layer_norm", c.post_layer_norm}};
-  j["set"] = {{"kind", SetKindToString(c.set)},
-              {"radius", c.radius},
-              {"tokens", c.tokens},
-              {"centre", c.provenance.centre_source},
-              {"centre_frobenius_norm", c.centre_frobenius_norm}};
-  j["norm"] = NormKindToString(c.norm);
-  j["upper_bound"] = Num(c.upper_bound.value());
-  j["lower_bound"] = Num(c.lower_bound.value());
-  j["gap"] = Num(c.gap());
+namespace {
+
+// "engines" (name -> bound), "engine_details" and "winner" (the engine whose bound is the
+// certificate's and its largest term: "why is my bound large").
+void EnginesToJson(const Certificate& c, nlohmann::json& j) {
   nlohmann::json engines = nlohmann::json::object(), details = nlohmann::json::array();
   for (const EngineResult& e : c.engines) {
     engines[e.name()] = Num(e.upper.value());
@@ -119,6 +105,68 @@ nlohmann::json ToJson(const Certificate& c) {
     if (top) winner["dominant_term"] = {{"name", top->name}, {"upper_bound", Num(top->value.value())}};
     j["winner"] = winner;
   }
+}
+
+nlohmann::json ProbabilisticToJson(const ProbabilisticBound& p) {
+  return {{"certified", false},
+          {"probable_upper", Num(p.value)},
+          {"confidence", 1 - p.failure_probability},
+          {"failure_probability", p.failure_probability},
+          {"route", p.route},
+          {"method", "randomized Lanczos on J(X0)^T J(X0), Kuczynski-Wozniakowski 1992 Thm 4.2"},
+          {"centre", {{"probable_upper", Num(p.centre.value)},
+                      {"ritz_sigma", p.centre.ritz_sigma},
+                      {"epsilon", p.centre.epsilon},
+                      {"krylov_dim", p.centre.krylov_dim},
+                      {"steps", p.centre.steps},
+                      {"seed", p.centre.seed},
+                      {"seconds", p.centre.seconds},
+                      {"stopped_by_time", p.centre.stopped_by_time}}}};
+}
+
+// What a rerun needs (RunSettings).
+nlohmann::json RunToJson(const RunSettings& r) {
+  nlohmann::json run = {{"time_limit_s", r.budget.enabled() ? nlohmann::json(nullptr) : Num(r.time_limit_s)},
+                        {"budget", r.budget.enabled() ? nlohmann::json{{"steps", r.budget.steps},
+                                                                          {"rounds", r.budget.rounds}}
+                                                          : nlohmann::json(nullptr)},
+                        {"tolerance", r.tolerance},
+                        {"seed", r.seed},
+                        {"threads", r.threads}};
+  if (const auto& cal = r.calibration)
+    run["time_model"] = {{"interval_probe_s", cal->interval_probe_s},
+                         {"interval_probe_cpu_s", cal->interval_probe_cpu_s},
+                         {"interval_slowdown", cal->interval_slowdown},
+                         {"gemm_probe_s", cal->gemm_probe_s},
+                         {"gemm_probe_cpu_s", cal->gemm_probe_cpu_s},
+                         {"gemm_slowdown", cal->gemm_slowdown},
+                         {"probe_s", cal->probe_seconds}};
+  return run;
+}
+
+}  // namespace
+
+nlohmann::json ToJson(const Certificate& c) {
+  nlohmann::json j;
+  j["schema"] = "lipcert.certificate/1";
+  j["model"] = {{"path", c.provenance.model_path},
+                {"sha256", c.provenance.model_sha256},
+                {"preset", c.provenance.preset},
+                {"layer", c.provenance.layer_index}};
+  j["layer"] = {{"kind", AttentionKindToString(c.kind)},         {"d_model", c.d_model},       {"heads", c.heads},
+                {"head_dim_qk", c.head_dim_qk}, {"head_dim_v", c.head_dim_v}, {"causal", c.causal},
+                {"layer_norm", c.layer_norm},   {"biases", c.biases},
+                {"post_layer_norm", c.post_layer_norm}};
+  j["set"] = {{"kind", SetKindToString(c.set)},
+              {"radius", c.radius},
+              {"tokens", c.tokens},
+              {"centre", c.provenance.centre_source},
+              {"centre_frobenius_norm", c.centre_frobenius_norm}};
+  j["norm"] = NormKindToString(c.norm);
+  j["upper_bound"] = Num(c.upper_bound.value());
+  j["lower_bound"] = Num(c.lower_bound.value());
+  j["gap"] = Num(c.gap());
+  EnginesToJson(c, j);
   j["witness"] = {{"origin", c.witness.origin},
                   {"value", Num(c.witness.value)},
                   {"lower_bound", Num(c.witness.lower_bound.value())}};
@@ -129,38 +177,8 @@ nlohmann::json ToJson(const Certificate& c) {
                           {"bi_lipschitz_lower", Num(inv.bi_lipschitz_lower.value())},
                           {"bi_lipschitz_upper", Num(inv.bi_lipschitz_upper.value())}};
   }
-  if (c.probabilistic) {
-    const ProbabilisticBound& p = *c.probabilistic;
-    j["probabilistic"] = {
-        {"certified", false},
-        {"probable_upper", Num(p.value)},
-        {"confidence", 1 - p.failure_probability},
-        {"failure_probability", p.failure_probability},
-        {"route", p.route},
-        {"method", "randomized Lanczos on J(X0)^T J(X0), Kuczynski-Wozniakowski 1992 Thm 4.2"},
-        {"centre", {{"probable_upper", Num(p.centre.value)},
-                    {"ritz_sigma", p.centre.ritz_sigma},
-                    {"epsilon", p.centre.epsilon},
-                    {"krylov_dim", p.centre.krylov_dim},
-                    {"steps", p.centre.steps},
-                    {"seed", p.centre.seed},
-                    {"seconds", p.centre.seconds},
-                    {"stopped_by_time", p.centre.stopped_by_time}}}};
-  }
-  nlohmann::json run = {{"time_limit_s", c.run.budget.enabled() ? nlohmann::json(nullptr) : Num(c.run.time_limit_s)},
-                        {"budget", c.run.budget.enabled() ? nlohmann::json{{"steps", c.run.budget.steps},
-                                                                          {"rounds", c.run.budget.rounds}}
-                                                          : nlohmann::json(nullptr)},
-                        {"tolerance", c.run.tolerance},
-                        {"seed", c.run.seed},
-                        {"threads", c.run.threads}};
-  if (const auto& cal = c.run.calibration)
-    run["time_model"] = {{"interval_probe_s", cal->interval_probe_s},
-                         {"interval_slowdown", cal->interval_slowdown},
-                         {"gemm_probe_s", cal->gemm_probe_s},
-                         {"gemm_slowdown", cal->gemm_slowdown},
-                         {"probe_s", cal->probe_seconds}};
-  j["run"] = run;
+  if (c.probabilistic) j["probabilistic"] = ProbabilisticToJson(*c.probabilistic);
+  j["run"] = RunToJson(c.run);
   j["numerics"] = {{"rounding_model", c.rounding_model},
                    {"exp_backend", c.exp_backend},
                    {"fp_environment_repaired", c.fp_environment_repaired}};

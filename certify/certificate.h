@@ -50,6 +50,7 @@ enum class EngineId {
   kBranchAndBound,     // "branch_and_bound"
   kPostLnComposition,  // "post_ln_composition"
   kPostLnCentre,       // "post_ln_centre"
+  kPostLnVariation,    // "post_ln_variation"
 };
 const char* EngineIdToString(EngineId id);
 // The id whose ToString is `name`; false when none is.

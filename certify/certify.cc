@@ -60,13 +60,15 @@ const Stage kStages[] = {
 };
 
 // The post-LN sublayer f(X) = LN(X + MHA(X)) (certify/post_layer_norm.h): J_f(X0) certified
-// directly, MHA alone certified by the stages above, the composition, then the probabilistic
+// directly, MHA alone certified by the stages above, the composition, the sublayer's own
+// centre norm plus its variation (certify/post_ln_variation.h), then the probabilistic
 // bound, the witness and the search on f itself.
 const Stage kPostLnStages[] = {
     {StageId::kPostLnCentreAtPoint, PostLnCentreAtPointApplies, PostLnCentreAtPointSeconds, RunPostLnCentre},
     {StageId::kMhaCertificates,     Always,                     MhaSeconds,                 RunMhaCertificates},
     {StageId::kPostLnCentreOverSet, PostLnCentreOverSetApplies, PostLnCentreOverSetSeconds, RunPostLnCentre},
     {StageId::kPostLnComposition,   Always,                     TimeLeft,                   RunPostLnComposition},
+    {StageId::kPostLnVariation,     PostLnVariationApplies,     PostLnVariationSeconds,     RunPostLnVariation},
     {StageId::kPostLnProbabilistic, PostLnProbabilisticApplies, PostLnProbabilisticSeconds, RunPostLnProbabilistic},
     {StageId::kPostLnWitness,       Always,                     TimeLeft,                   RunPostLnWitness},
     {StageId::kPostLnSearch,        PostLnSearchApplies,        PostLnSearchSeconds,        RunPostLnSearch},

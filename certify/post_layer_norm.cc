@@ -9,6 +9,7 @@
 #include "certify/engine_bound.h"
 #include "certify/centre_norm.h"
 #include "certify/dense_jacobian.h"
+#include "certify/post_ln_variation.h"
 #include "certify/probable_norm.h"
 #include "certify/search.h"
 #include "certify/stages.h"
@@ -73,6 +74,8 @@ PostLayerNormBound ComposePostLayerNorm(const AttentionLayer& L, const TokenCove
 // The post-LN centre's cap on dense_limit, for memory: two (ND)^2 interval enclosures
 // (4 (ND)^2 doubles) at N*D = 8192 are 2 GiB.
 constexpr int kPostLnDenseLimit = 8192;
+// The inf centre holds one (ND)^2 enclosure (2 GiB at N*D = 12288) and token-row products.
+constexpr long kPostLnInfDenseLimit = 12288;
 namespace {
 // Whether post_ln_centre encloses J_f densely at this N*D (else: deflated super-blocks).
 bool PostLnDense(long nd, long dense_limit) { return nd <= std::min<long>(kPostLnDenseLimit, dense_limit); }
@@ -224,6 +227,55 @@ Eigen::MatrixXd InfDirection(const AttentionLayer& L, const Eigen::MatrixXd& x, 
   return best;
 }
 
+// The top right singular vector of J_f(x) by Lanczos on J_f^T J_f (full reorthogonalisation,
+// at most `steps` JVP/VJP pairs, from v): converges far faster than power steps where the
+// top singular values cluster (sigma_2 / sigma_1 about 0.97 on MiniLM).
+Eigen::MatrixXd LanczosDirection(const AttentionLayer& L, const Eigen::MatrixXd& x, const Eigen::MatrixXd& v, int steps,
+                                 Clock::time_point until, const std::atomic<bool>* stop) {
+  const LayerState<double> s = Evaluate<double>(L, x);
+  const Eigen::Index n = v.size();
+  steps = int(std::min<Eigen::Index>(steps, n));
+  Eigen::MatrixXd q(n, steps);
+  std::vector<double> alpha, beta;
+  Eigen::VectorXd w = Eigen::Map<const Eigen::VectorXd>(v.data(), n);
+  if (!(w.norm() > 0)) return v;
+  w /= w.norm();
+  int k = 0;
+  for (; k < steps && Clock::now() < until && !StopRequested(stop); ++k) {
+    q.col(k) = w;
+    const Eigen::MatrixXd wm = Eigen::Map<const Eigen::MatrixXd>(w.data(), v.rows(), v.cols());
+    const Eigen::MatrixXd aw = Vjp<double>(L, s, Jvp<double>(L, s, wm));
+    Eigen::VectorXd r = Eigen::Map<const Eigen::VectorXd>(aw.data(), n);
+    alpha.push_back(w.dot(r));
+    for (int pass = 0; pass < 2; ++pass) r -= q.leftCols(k + 1) * (q.leftCols(k + 1).transpose() * r);
+    const double b = r.norm();
+    if (!(b > 1e-12 * std::fabs(alpha.back())) || !std::isfinite(b)) {
+      ++k;
+      break;
+    }
+    beta.push_back(b);
+    w = r / b;
+  }
+  if (k == 0) return v;
+  Eigen::MatrixXd t = Eigen::MatrixXd::Zero(k, k);
+  for (int i = 0; i < k; ++i) {
+    t(i, i) = alpha[size_t(i)];
+    if (i + 1 < k) t(i, i + 1) = t(i + 1, i) = beta[size_t(i)];
+  }
+  const Eigen::SelfAdjointEigenSolver<Eigen::MatrixXd> es(t);
+  const Eigen::VectorXd top = q.leftCols(k) * es.eigenvectors().col(k - 1);
+  return Eigen::Map<const Eigen::MatrixXd>(top.data(), v.rows(), v.cols());
+}
+
+// The signs of row r (flattening i*D + a) of J_f(x): the l_inf direction that attains the row's
+// absolute sum (one VJP).
+Eigen::MatrixXd RowSigns(const AttentionLayer& L, const Eigen::MatrixXd& x, int r) {
+  const LayerState<double> s = Evaluate<double>(L, x);
+  Eigen::MatrixXd e = Eigen::MatrixXd::Zero(x.rows(), x.cols());
+  e(r / x.cols(), r % x.cols()) = 1;
+  return Vjp<double>(L, s, e).unaryExpr([](double t) { return t >= 0 ? 1.0 : -1.0; });
+}
+
 }  // namespace
 
 // ---- The post-LN stages of Certify (certify/stages.h). ----
@@ -269,11 +321,11 @@ void ComposeSoFar(CertifyRun& run, UpperBound mha_l2, UpperBound mha_p) {
 // In norm 2, J_f(X0) itself is certified densely up to the dense size, by deflated
 // super-blocks above it (PostLnCentreBound). At a point it runs first (until 70% of the
 // limit; 85% for the deflated route, whose vectors are what the time buys); over a set
-// after MHA's certificate (whose centre_norm variation it needs), until 85%.
+// after MHA's certificate (whose centre_norm variation it needs), until 70%.
 bool PostLnCentreAtPointApplies(const CertifyRun& run) { return DenseCentre(run) && run.set.radius == 0; }
 double PostLnCentreAtPointSeconds(const CertifyRun& run) { return Until(run, Deflated(run) ? 0.85 : 0.7); }
 bool PostLnCentreOverSetApplies(const CertifyRun& run) { return DenseCentre(run) && run.set.radius != 0; }
-double PostLnCentreOverSetSeconds(const CertifyRun& run) { return Until(run, 0.85); }
+double PostLnCentreOverSetSeconds(const CertifyRun& run) { return Until(run, 0.7); }
 
 void RunPostLnCentre(CertifyRun& run, double seconds) {
   BoundOptions bo = BoundOptionsOf(run.opts, After(Clock::now(), seconds));
@@ -282,6 +334,7 @@ void RunPostLnCentre(CertifyRun& run, double seconds) {
   EngineResult& centre = run.post_ln.centre;
   centre = {EngineId::kPostLnCentre, e.upper, s, "", !e.timed_out, e.terms, {}};
   if (e.timed_out) centre.note = e.note.empty() ? "did not finish before its deadline" : e.note;
+  if (centre.applied && !e.terms.empty()) run.post_ln.centre_at_x0 = e.terms.front().value;
   if (run.set.radius == 0 && centre.applied && centre.upper.value() < run.cert.upper_bound.value()) {
     run.cert.engines = {centre};
     run.cert.upper_bound = centre.upper;
@@ -289,14 +342,19 @@ void RunPostLnCentre(CertifyRun& run, double seconds) {
   }
 }
 
-// MHA's certificate: 80% of the time in norm 2 (it sizes the cover of Y), split with the
-// norm asked for when that is inf. At a point where post_ln_centre ran first, 40% of the
-// limit or half of what is left, whichever is less (10% once J_f(X0) is certified: the
-// composed bound can only be looser); over a set before post_ln_centre, half of the limit.
+// MHA's certificates (the time of both): 80% of the limit in norm 2 (it sizes the cover of
+// Y), split with the norm asked for when that is inf; 15% each where the sublayer's own inf
+// centre (post_ln_variation) runs after them. At a point where post_ln_centre ran first,
+// 40% of the limit or half of what is left, whichever is less (10% once J_f(X0) is
+// certified: the composed bound can only be looser); over a set before post_ln_centre, 15%
+// (post_ln_variation, which needs MHA's variation only, computes it where the certificate
+// has none).
 double MhaSeconds(const CertifyRun& run) {
   const double limit = run.opts.time_limit_s;
+  if (run.opts.norm != NormKind::kL2 && !run.layer.layer_norm && long(run.set.center.size()) <= kPostLnInfDenseLimit)
+    return 2 * 0.15 * limit;
   if (!DenseCentre(run)) return 0.8 * limit;
-  if (run.set.radius != 0) return 0.5 * limit;
+  if (run.set.radius != 0) return 0.15 * limit;
   const bool centred = run.post_ln.centre.applied && run.post_ln.centre.id == EngineId::kPostLnCentre;
   return std::max(0.05, std::min((centred ? 0.1 : 0.4) * limit, 0.5 * (limit - run.clock.Elapsed())));
 }
@@ -379,9 +437,29 @@ void RunPostLnComposition(CertifyRun& run, double) {
                      std::to_string(cp.upper_bound.value()) + " [" + WinnerName(cp) + "])";
   if (run.opts.norm != NormKind::kL2) note += "; cover from mha_upper(l2) " + std::to_string(c2.upper_bound.value());
   SetEngines(run, {EngineId::kPostLnComposition, b.upper, compose_s, note, true, {}, {}}, true);
+  run.post_ln.y_centre = b.y_cover.center;
   run.cert.pieces_explored = cp.pieces_explored;  // MHA's branch and bound
   run.cert.open_pieces = cp.open_pieces;
   run.Improved("post_ln_composition");
+}
+
+// The sublayer's own centre norm plus its variation over a per-token cover of Y
+// (certify/post_ln_variation.h; in the inf norm its centre is certified here, densely),
+// until 90% of the limit. In the inf norm it gives the centre's largest row for the witness.
+bool PostLnVariationApplies(const CertifyRun& run) { return !run.layer.layer_norm; }
+double PostLnVariationSeconds(const CertifyRun& run) { return Until(run, 0.9); }
+void RunPostLnVariation(CertifyRun& run, double seconds) {
+  const Certificate& c2 = *run.post_ln.mha_l2;
+  const Certificate& cp = run.post_ln.mha_p ? *run.post_ln.mha_p : c2;
+  const Clock::time_point deadline = run.by_work() ? kNoDeadline : After(Clock::now(), seconds);
+  const EngineResult v =
+      PostLnVariationCandidate(run.layer, run.set, run.opts.norm, c2, cp, run.post_ln.centre_at_x0, run.post_ln.y_centre,
+                               run.opts.threads, deadline, kPostLnInfDenseLimit, &run.centre_inf_row);
+  run.cert.engines.push_back(v);
+  if (v.applied && v.upper.value() < run.cert.upper_bound.value()) {
+    run.cert.upper_bound = v.upper;
+    run.Improved("post_ln_variation");
+  }
 }
 
 // Beside the certificate: at a point (radius 0), ||J_f(X0)||_2 by randomized Lanczos on f
@@ -423,14 +501,23 @@ void RunPostLnWitness(CertifyRun& run, double seconds) {
   std::vector<std::pair<Eigen::MatrixXd, std::string>> points = {{set.center, "centre"}};
   if (cp.witness.x.size()) points.push_back({cp.witness.x, "mha:" + cp.witness.origin});
   if (c2.witness.x.size() && norm != NormKind::kL2) points.push_back({c2.witness.x, "mha:" + c2.witness.origin});
+  if (run.centre_inf_row >= 0) consider(set.center, RowSigns(L, set.center, run.centre_inf_row), "centre:inf-row");
   const Clock::time_point until = run.by_work() ? kNoDeadline : After(Clock::now(), seconds);
   for (const auto& [x, origin] : points) {
     const Eigen::MatrixXd v0 = cp.witness.v.size() ? cp.witness.v : Eigen::MatrixXd::Ones(x.rows(), x.cols());
     consider(x, v0, origin);
-    if (Clock::now() > until || run.stopped()) break;
-    // At a point the centre's top singular vector is the witness: power steps converge as
-    // (sigma_2 / sigma_1)^2 per step, about 0.94 on MiniLM, so a point set gets more of them.
-    const Eigen::MatrixXd v2 = PowerDirection(L, x, v0 / v0.norm(), set.radius == 0 ? 200 : 30, until, run.opts.stop);
+    if (run.stopped()) break;
+    // The centre's top singular vector by Lanczos (converges where power steps crawl: sigma_2
+    // / sigma_1 about 0.97 on MiniLM), always, past the limit by a tenth of it at most: on a
+    // set containing X0 the witness is never below ||J_f(X0)||. Elsewhere power steps, a
+    // point set getting more of them.
+    const bool centre = origin == "centre";
+    if (!centre && Clock::now() > until) break;
+    const Clock::time_point centre_until =
+        run.by_work() ? kNoDeadline : std::max(until, After(Clock::now(), 0.1 * run.opts.time_limit_s));
+    const Eigen::MatrixXd v2 =
+        centre ? LanczosDirection(L, x, v0, 120, centre_until, run.opts.stop)
+               : PowerDirection(L, x, v0 / v0.norm(), set.radius == 0 ? 200 : 30, until, run.opts.stop);
     if (norm == NormKind::kL2)
       consider(x, v2, "power:" + origin);
     else
@@ -448,6 +535,7 @@ double PostLnSearchSeconds(const CertifyRun& run) { return 0.9 * (run.opts.time_
 void RunPostLnSearch(CertifyRun& run, double seconds) {
   SearchOptions so = SearchOptionsOf(run.opts, seconds);
   so.stop_at = run.cert.upper_bound.value() / (1 + run.opts.tolerance);
+  so.centre_inf_row = run.centre_inf_row;
   const Witness w = SearchLowerBound(run.layer, run.set, so).best;
   if (w.lower_bound.value() > run.cert.lower_bound.value()) {
     run.cert.lower_bound = w.lower_bound;

@@ -28,6 +28,7 @@ const char* StageIdToString(StageId id) {
     case StageId::kMhaCertificates: return "mha_certificates";
     case StageId::kPostLnCentreOverSet: return "post_ln_centre_over_set";
     case StageId::kPostLnComposition: return "post_ln_composition";
+    case StageId::kPostLnVariation: return "post_ln_variation";
     case StageId::kPostLnProbabilistic: return "post_ln_probabilistic";
     case StageId::kPostLnWitness: return "post_ln_witness";
     case StageId::kPostLnSearch: return "post_ln_search";

@@ -30,6 +30,7 @@ enum class StageId {
   kMhaCertificates,
   kPostLnCentreOverSet,
   kPostLnComposition,
+  kPostLnVariation,
   kPostLnProbabilistic,
   kPostLnWitness,
   kPostLnSearch,
@@ -40,7 +41,9 @@ const char* StageIdToString(StageId id);
 struct PostLnRun {
   // post_ln_centre: not applied until its stage gives a bound.
   EngineResult centre{EngineId::kPostLnCentre, UpperBound(kInf), 0, "", false, {}, std::nullopt};
+  UpperBound centre_at_x0{kInf};   // post_ln_centre's ||J_f(X0)|| term (norm 2), +inf without it
   std::optional<Certificate> mha_l2, mha_p;  // MHA alone in norm 2 and in the norm asked for
+  Eigen::MatrixXd y_centre;        // the composition's centre of the cover of Y
 };
 
 // One run of Certify: what every stage reads and writes.
@@ -118,6 +121,9 @@ void RunPostLnCentre(CertifyRun& run, double seconds);
 double MhaSeconds(const CertifyRun& run);
 void RunMhaCertificates(CertifyRun& run, double seconds);
 void RunPostLnComposition(CertifyRun& run, double seconds);
+bool PostLnVariationApplies(const CertifyRun& run);
+double PostLnVariationSeconds(const CertifyRun& run);
+void RunPostLnVariation(CertifyRun& run, double seconds);
 bool PostLnProbabilisticApplies(const CertifyRun& run);
 double PostLnProbabilisticSeconds(const CertifyRun& run);
 void RunPostLnProbabilistic(CertifyRun& run, double seconds);

@@ -4,6 +4,8 @@
 #include <cstdio>
 #include <mutex>
 #include <random>
+#include <time.h>
+#include <tuple>
 
 #include "certify/run_control.h"
 #include "interval/fp_environment.h"
@@ -20,13 +22,20 @@ Eigen::MatrixXd RandomMatrix(int n, std::mt19937_64& rng) {
   return m;
 }
 
-// The best of a few timed runs of fn (one thread: the models' constants are per core of
-// the reference machine run as the engines run).
+// The thread's CPU seconds so far.
+double ThreadCpuSeconds() {
+  timespec t;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return double(t.tv_sec) + 1e-9 * double(t.tv_nsec);
+}
+
+// fn run `reps` times back to back, on this thread: (wall seconds, CPU seconds).
 template <class F>
-double BestSeconds(F&& fn) {
-  double best = kInf;
-  for (int r = 0; r < time_model::kProbeRuns; ++r) best = std::min(best, Timed(fn).second);
-  return best;
+std::pair<double, double> Probe(int reps, F&& fn) {
+  const double cpu0 = ThreadCpuSeconds();
+  const auto wall0 = Clock::now();
+  for (int r = 0; r < reps; ++r) fn();
+  return {ElapsedSeconds(wall0), ThreadCpuSeconds() - cpu0};
 }
 
 }  // namespace
@@ -41,15 +50,10 @@ MachineCalibration MeasureCalibration() {
   const Eigen::MatrixXd x = RandomMatrix(kGemmProbeSize, rng), y = RandomMatrix(kGemmProbeSize, rng);
   double sink = 0;
   MachineCalibration c;
-  c.interval_probe_s = BestSeconds([&] {
-    const IntervalMatrix p = Mul(a, b);
-    sink += p.mid(0, 0);
-    return 0;
-  });
-  c.gemm_probe_s = BestSeconds([&] {
+  std::tie(c.interval_probe_s, c.interval_probe_cpu_s) = Probe(kIntervalProbeReps, [&] { sink += Mul(a, b).mid(0, 0); });
+  std::tie(c.gemm_probe_s, c.gemm_probe_cpu_s) = Probe(kGemmProbeReps, [&] {
     const Eigen::MatrixXd p = x * y;
     sink += p(0, 0);
-    return 0;
   });
   c.interval_slowdown = c.interval_probe_s / kReferenceIntervalProbeSeconds;
   c.gemm_slowdown = c.gemm_probe_s / kReferenceGemmProbeSeconds;
@@ -64,6 +68,9 @@ const MachineCalibration& Calibration() {
   std::call_once(once, [] { c = MeasureCalibration(); });
   return c;
 }
+
+double IntervalSlowdown() { return Calibration().interval_slowdown; }
+double GemmSlowdown() { return Calibration().gemm_slowdown; }
 
 double CentredEngineOperations(const AttentionLayer& layer, int tokens) {
   const double n = tokens, d = layer.d_model, h = layer.heads, nd = n * d;
@@ -89,9 +96,10 @@ double PostLnComposeSeconds(int tokens, int d_model) {
 std::string CalibrationSummary(const MachineCalibration& c) {
   char buf[256];
   std::snprintf(buf, sizeof buf,
-                "interval probe %.3g s (slowdown %.3g against the reference), GEMM probe %.3g s (slowdown %.3g); "
-                "probe %.3g s",
-                c.interval_probe_s, c.interval_slowdown, c.gemm_probe_s, c.gemm_slowdown, c.probe_seconds);
+                "interval probe %.3g s wall, %.3g s CPU (slowdown %.3g against the reference); GEMM probe %.3g s "
+                "wall, %.3g s CPU (slowdown %.3g); probe %.3g s",
+                c.interval_probe_s, c.interval_probe_cpu_s, c.interval_slowdown, c.gemm_probe_s, c.gemm_probe_cpu_s,
+                c.gemm_slowdown, c.probe_seconds);
   return buf;
 }
 

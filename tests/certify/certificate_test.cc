@@ -62,6 +62,14 @@ Certificate FullCertificate() {
   p.route = "the centre: randomized Lanczos";
   p.centre.value = 11.0;
   c.probabilistic = p;
+  c.run.time_limit_s = 30;
+  c.run.seed = 1;
+  c.run.threads = 2;
+  MachineCalibration cal;
+  cal.measured = true;
+  cal.interval_probe_s = cal.interval_probe_cpu_s = 0.0125;
+  cal.gemm_probe_s = cal.gemm_probe_cpu_s = 0.011;
+  c.run.calibration = cal;
   return c;
 }
 

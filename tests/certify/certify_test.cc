@@ -52,7 +52,12 @@ TEST(CertifyTest, StopBeforeTheStartStillGivesASoundCertificate) {
 // engine the pipeline never runs (the dense `centred` engine runs on branch-and-bound
 // pieces only).
 TEST(CertifyTest, EnginesAreTheOnesThatRan) {
-  PreparedJob job = ZooJob(0.001);
+  CertifyRequest r;
+  r.model.path = kZoo + "dot-layer0.safetensors";
+  r.set.centre = "zero";
+  r.set.tokens = 4;
+  r.set.radius = 0.5;
+  PreparedJob job = PrepareJob(r);
   job.options.budget = WorkBudget{1, 1};
   const Certificate c = RunJob(job).certificate;
   int checked = 0;

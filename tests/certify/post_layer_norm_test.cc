@@ -180,7 +180,9 @@ TEST(PostLayerNorm, CertifyWitnessBelowBoundAndBoundAboveMpfr) {
     EXPECT_GT(cert.lower_bound.value(), 0);
     EXPECT_LE(cert.lower_bound.value(), cert.upper_bound.value());
     // The composition; in norm 2 also the dense centre plus variation.
-    ASSERT_EQ(cert.engines.size(), o.norm == NormKind::kL2 ? 2u : 1u);
+    // The composition, post_ln_centre (norm 2) and post_ln_variation.
+    ASSERT_EQ(cert.engines.size(), o.norm == NormKind::kL2 ? 3u : 2u);
+    EXPECT_EQ(cert.engines.back().id, EngineId::kPostLnVariation);
     EXPECT_EQ(cert.engines[0].id, EngineId::kPostLnComposition);
     ASSERT_TRUE(set.Contains(cert.witness.x));
     EXPECT_LE(cert.lower_bound.value(), ExactRatio(L, cert.witness.x, cert.witness.v, o.norm));
@@ -250,9 +252,11 @@ TEST(PostLayerNorm, DenseCentreIsExactAtAPoint) {
     CertifyOptions o;
     o.time_limit_s = 1;
     const Certificate cert = CertifyAtPoint(L, x, o);
-    ASSERT_EQ(cert.engines.size(), 2u);
+    ASSERT_EQ(cert.engines.size(), 3u);
     EXPECT_EQ(cert.engines[1].id, EngineId::kPostLnCentre);
-    EXPECT_EQ(cert.upper_bound.value(), std::min(cert.engines[0].upper.value(), e.upper.value())) << "case " << c;
+    EXPECT_EQ(cert.upper_bound.value(),
+              std::min({cert.engines[0].upper.value(), e.upper.value(), cert.engines[2].upper.value()}))
+        << "case " << c;
     EXPECT_LE(cert.lower_bound.value(), sigma * (1 + 1e-12)) << "case " << c;
     ++checked;
   }
@@ -276,7 +280,7 @@ TEST(PostLayerNorm, DenseCentrePlusVariationDominatesOverSmallBalls) {
     CertifyOptions o;
     o.time_limit_s = 1;
     const Certificate cert = Certify(L, set, o, Provenance{});
-    ASSERT_EQ(cert.engines.size(), 2u) << "case " << c;
+    ASSERT_EQ(cert.engines.size(), 3u) << "case " << c;
     const EngineResult& e = cert.engines[1];
     EXPECT_EQ(e.id, EngineId::kPostLnCentre);
     EXPECT_LE(cert.upper_bound.value(), e.upper.value());
@@ -292,8 +296,9 @@ TEST(PostLayerNorm, DenseCentrePlusVariationDominatesOverSmallBalls) {
         Eigen::MatrixXd dx = Eigen::MatrixXd::NullaryExpr(x.rows(), x.cols(), [&] { return g(rng); });
         x = set.Project(set.center + set.radius * (k % 2 ? 1.0 : 0.5) * dx / dx.norm());
       }
-      EXPECT_LE(ExactRatio(L, x, TopDirection(L, x, NormKind::kL2), NormKind::kL2), e.upper.value())
-          << "case " << c << " point " << k;
+      const double exact = ExactRatio(L, x, TopDirection(L, x, NormKind::kL2), NormKind::kL2);
+      EXPECT_LE(exact, e.upper.value()) << "case " << c << " point " << k;
+      EXPECT_LE(exact, cert.engines[2].upper.value()) << "post_ln_variation, case " << c << " point " << k;
     }
   }
   EXPECT_EQ(checked, cases);
@@ -329,7 +334,7 @@ TEST(PostLayerNorm, DeflatedCentreDominatesMpfrAndIsExactWithAFullBasis) {
     o.time_limit_s = 2;
     o.engines.dense_limit = 0;  // MHA's centre_norm off, the post-LN centre deflated
     const Certificate cert = CertifyAtPoint(L, x, o);
-    ASSERT_EQ(cert.engines.size(), 2u);
+    ASSERT_EQ(cert.engines.size(), 3u);
     EXPECT_EQ(cert.engines[1].id, EngineId::kPostLnCentre);
     EXPECT_TRUE(cert.engines[1].applied) << cert.engines[1].note;
     EXPECT_GE(cert.upper_bound.value(), sigma) << "case " << c;

@@ -15,6 +15,8 @@ TEST(TimeModelTest, CalibrationIsMeasuredOnceAndQuickly) {
   EXPECT_EQ(&Calibration(), &c);  // cached for the process
   EXPECT_GT(c.interval_probe_s, 0);
   EXPECT_GT(c.gemm_probe_s, 0);
+  EXPECT_GT(c.interval_probe_cpu_s, 0);
+  EXPECT_GT(c.gemm_probe_cpu_s, 0);
   EXPECT_LT(c.probe_seconds, 1.0);
   EXPECT_DOUBLE_EQ(c.interval_slowdown, c.interval_probe_s / time_model::kReferenceIntervalProbeSeconds);
   EXPECT_DOUBLE_EQ(c.gemm_slowdown, c.gemm_probe_s / time_model::kReferenceGemmProbeSeconds);

@@ -1,0 +1,383 @@
+#include "certify/post_ln_variation.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <stdexcept>
+
+#include "certify/centre_norm.h"
+#include "certify/centred_engine.h"
+#include "certify/layer_norm_cover.h"
+#include "certify/layer_norm_enclosure.h"
+#include "certify/witness_eval.h"
+#include "interval/norms.h"
+
+namespace lipcert {
+
+namespace {
+
+
+bool Finite(UpperBound u) { return std::isfinite(u.value()); }
+
+// The post-LN's LayerNorm as the pre-LN of an MHA-free layer, so that MhaInputOver gives its
+// Jacobian factors over a cover of Y (centre enclosures, sup over each ball, variation).
+MhaInput PostLnFactors(const AttentionLayer& L, const TokenCover& y_cover, NormKind p) {
+  AttentionLayer ln_only = L.WithoutPostLayerNorm();
+  ln_only.layer_norm = *L.post_layer_norm;
+  return MhaInputOver(ln_only, y_cover, p);
+}
+
+void CheckLayer(const AttentionLayer& L) {
+  if (!L.post_ln()) throw std::invalid_argument("post_ln_variation: the layer has no post-LN LayerNorm");
+  if (L.layer_norm) throw std::invalid_argument("post_ln_variation: a layer with both LayerNorms");
+}
+
+}  // namespace
+
+// sup over ||y - yc|| <= rho of ||J_LN(y) - J_LN(yc)||_2 (docs/engines.md, "Post-LN variation").
+// With c the centred y, s = ||c||, u = c / s, sigma = sqrt(s^2 / D + eps), a = 1/sigma and
+// b = s^2 / (D sigma^3): J_LN(y) = diag(gamma) (a Pi - b u u^T), Pi = I - 11^T/D, u ⊥ 1. So
+//   J_LN(y) - J_LN(yc) = diag(gamma) [(a - a0)(Pi - u u^T) + ((a - b) - (a0 - b0)) u u^T - b0 (u u^T - u0 u0^T)],
+// the first two on orthogonal ranges, ||u u^T - u0 u0^T|| = sin(angle) <= rho / s0 (centring is
+// an orthogonal projection: ||c - c0|| <= rho), a and a - b = eps / sigma^3 decreasing in s,
+// s in [s0 - rho, s0 + rho]. Hence
+//   ||.|| <= max|gamma| [max(a(s0 - rho) - a0, a0 - a(s0 + rho), eps (sigma_lo^-3 - sigma_hi^-3)) + b0 min(1, rho / s0)].
+double LayerNormVariationUp(const LayerNormParams& ln, const Eigen::RowVectorXd& yc, double rho) {
+  const int d = int(yc.size());
+  const LayerNormRowEnclosure r = EncloseLayerNormRow(ln, yc);
+  double s_lo2 = 0, s_hi2 = 0;
+  for (const Interval& c : r.centred) {
+    s_lo2 = AddDown(s_lo2, MulDown(c.Mig(), c.Mig()));
+    s_hi2 = AddUp(s_hi2, MulUp(c.Mag(), c.Mag()));
+  }
+  const double s0_lo = SqrtDown(s_lo2), s0_hi = SqrtUp(s_hi2);
+  const auto sig_up = [&](double s) { return SqrtUp(AddUp(DivUp(MulUp(s, s), double(d)), ln.eps)); };
+  const auto sig_down = [&](double s) { return SqrtDown(AddDown(DivDown(MulDown(s, s), double(d)), ln.eps)); };
+  const double shrunk = std::max(0.0, SubDown(s0_lo, rho)), grown = AddUp(s0_hi, rho);
+  const double sigma_lo = sig_down(shrunk), sigma_hi = sig_up(grown);
+  const double sigma0_lo = std::max(sig_down(s0_lo), r.sigma.lo), sigma0_hi = std::min(sig_up(s0_hi), r.sigma.hi);
+  const double a_drop = SubUp(DivUp(1.0, sigma_lo), DivDown(1.0, sigma0_hi));
+  const double a_rise = SubUp(DivUp(1.0, sigma0_lo), DivDown(1.0, sigma_hi));
+  const auto cube_up = [](double x) { return MulUp(MulUp(x, x), x); };
+  const auto cube_down = [](double x) { return MulDown(MulDown(x, x), x); };
+  const double eps_part = MulUp(ln.eps, SubUp(DivUp(1.0, cube_down(sigma_lo)), DivDown(1.0, cube_up(sigma_hi))));
+  const double radial = std::max({a_drop, a_rise, eps_part, 0.0});
+  // b0 = s0^2 / (D sigma0^3) <= 1 / sigma0 (s0^2 / D <= sigma0^2).
+  const double b0 = std::min(DivUp(1.0, sigma0_lo), DivUp(MulUp(s0_hi, s0_hi), MulDown(double(d), cube_down(sigma0_lo))));
+  const double turn = s0_lo > 0 ? std::min(1.0, DivUp(rho, s0_lo)) : 1.0;
+  return MulUp(ln.gamma.cwiseAbs().maxCoeff(), AddUp(radial, MulUp(b0, turn)));
+}
+
+std::string PostLnVariationInputs::IsValid() const {
+  if (norm != NormKind::kL2 && norm != NormKind::kLinf) return "norm: 2 or inf";
+  const std::pair<const char*, UpperBound> fields[] = {
+      {"centre", centre},           {"mha_centre", mha_centre},       {"mha_variation", mha_variation},
+      {"mha_upper", mha_upper},     {"mha_l2_upper", mha_l2_upper},   {"mha_l2_centre", mha_l2_centre},
+      {"mha_l2_variation", mha_l2_variation}};
+  for (const auto& [name, u] : fields)
+    if (std::isnan(u.value()) || u.value() < 0) return std::string(name) + ": must be >= 0 (+inf allowed)";
+  return "";
+}
+
+TokenCover PostLnYCover(const AttentionLayer& L, const TokenCover& cover, const Eigen::VectorXd& displacement,
+                        ExpBackend exp_backend) {
+  CheckLayer(L);
+  const AttentionLayer mha = L.WithoutPostLayerNorm();
+  const Eigen::Index n = cover.center.rows(), d = cover.center.cols();
+  if (displacement.size() != n) throw std::invalid_argument("PostLnYCover: one displacement per token");
+  // Y0 = X0 + M(X0) enclosed; the centre is the midpoint (the same arithmetic as
+  // ComposePostLayerNorm, so the same point), its half-width err_i folded into rho_i.
+  Eigen::MatrixXd lo, hi;
+  EncloseForward(mha, cover.center, exp_backend, &lo, &hi);
+  TokenCover yc;
+  yc.center.resize(n, d);
+  yc.radius.resize(n);
+  double err_all2 = 0, disp2 = 0;
+  for (Eigen::Index i = 0; i < n; ++i) {
+    double err2 = 0;
+    for (Eigen::Index a = 0; a < d; ++a) {
+      const double x = cover.center(i, a);
+      const double ylo = AddDown(x, lo(i, a)), yhi = AddUp(x, hi(i, a));
+      const double mid = 0.5 * ylo + 0.5 * yhi;
+      yc.center(i, a) = mid;
+      const double e = std::isfinite(mid) ? std::max(SubUp(yhi, mid), SubUp(mid, ylo)) : kInf;
+      err2 = AddUp(err2, MulUp(e, e));
+    }
+    err_all2 = AddUp(err_all2, err2);
+    disp2 = AddUp(disp2, MulUp(displacement(i), displacement(i)));
+    yc.radius(i) = AddUp(AddUp(cover.radius(i), displacement(i)), SqrtUp(err2));
+  }
+  // ||Y - Yc||_F <= ||X - X0||_F + ||M(X) - M(X0)||_F + ||err||_F, the middle one at most the
+  // norm of the displacements (they bound each row).
+  yc.frobenius = UpperBound(AddUp(AddUp(JointRadiusUp(cover).value(), SqrtUp(disp2)), SqrtUp(err_all2)));
+  return yc;
+}
+
+EngineBound PostLnVariationBound(const AttentionLayer& L, const TokenCover& cover, const PostLnVariationInputs& in,
+                                 ExpBackend exp_backend, PostLnVariationReport* report) {
+  CheckLayer(L);
+  if (const std::string bad = in.IsValid(); !bad.empty()) throw std::invalid_argument("post_ln_variation: " + bad);
+  EngineBound out;
+  const Eigen::Index n = cover.center.rows(), d = cover.center.cols();
+  // U2 >= sup_S ||J_M||_2: the certified bound, or the centre plus the variation.
+  const double u2 = std::min(in.mha_l2_upper.value(), AddUp(in.mha_l2_centre.value(), in.mha_l2_variation.value()));
+  // V_M >= sup_S ||J_M(X) - J_M(X0)||_p: the certified variation, or ||J_M(X)|| + ||J_M(X0)||.
+  const double u_p0 = std::min(in.mha_upper.value(), AddUp(in.mha_centre.value(), in.mha_variation.value()));
+  const double v_m = std::min(in.mha_variation.value(), AddUp(u_p0, std::min(in.mha_centre.value(), u_p0)));
+  const double u_m = std::min(u_p0, AddUp(in.mha_centre.value(), v_m));
+  if (report) {
+    report->mha_l2 = u2;
+    report->mha_variation = v_m;
+    report->mha_upper = u_m;
+  }
+  if (!Finite(in.centre) || !std::isfinite(u2) || !std::isfinite(v_m) || !std::isfinite(u_m)) {
+    out.upper = UpperBound(kInf);
+    out.note = "an input is +inf (centre " + std::to_string(in.centre.value()) + ", U2 " + std::to_string(u2) +
+               ", V_M " + std::to_string(v_m) + ", U_M " + std::to_string(u_m) + ")";
+    return out;
+  }
+  // The per-token cover of Y: on the segment X_t in S, ||M_i(X) - M_i(X0)|| <= sup_t ||J_{M,i}(X_t)||_2 ||X - X0||_F,
+  // and ||J_{M,i}(X_t)|| <= min(U2, ||J_{M,i}(X0)|| + V_2) (a row block is at most the whole).
+  const double joint = JointRadiusUp(cover).value();
+  Eigen::VectorXd moved = Eigen::VectorXd::Constant(n, MulUp(u2, joint));
+  if (in.mha_row_centre_l2.size() == n)
+    for (Eigen::Index i = 0; i < n; ++i)
+      moved(i) = std::min(moved(i), MulUp(AddUp(in.mha_row_centre_l2(i), in.mha_l2_variation.value()), joint));
+  const TokenCover y_cover = PostLnYCover(L, cover, moved, exp_backend);
+  // The LayerNorm factors: ln_jac at yc (radius 0 enclosures), delta_ln over the balls (norm 2),
+  // ell the sup over the balls in the norm p.
+  const MhaInput f = PostLnFactors(L, y_cover, in.norm);
+  Eigen::VectorXd ln_centre(n), ln_var(n);
+  const double sqrt_d = SqrtUp(double(d));
+  for (Eigen::Index i = 0; i < n; ++i) {
+    if (!y_cover.center.row(i).allFinite()) {
+      out.upper = UpperBound(kInf);
+      out.note = "no finite enclosure of Y0";
+      return out;
+    }
+    if (in.norm == NormKind::kL2) {
+      ln_centre(i) = NormL2UpperGram(f.ln_jac[size_t(i)], 1).value();
+      ln_var(i) = std::min(f.delta_ln(i), LayerNormVariationUp(*L.post_layer_norm, y_cover.center.row(i), y_cover.radius(i)));
+    } else {
+      ln_centre(i) = NormInfUpper(f.ln_jac[size_t(i)]).value();
+      // ||A||_inf <= sqrt(D) ||A||_2 for D x D matrices; and the triangle inequality.
+      const double delta2 =
+          std::min(f.delta_ln(i), LayerNormVariationUp(*L.post_layer_norm, y_cover.center.row(i), y_cover.radius(i)));
+      ln_var(i) = std::min(MulUp(sqrt_d, delta2), AddUp(f.ell(i), ln_centre(i)));
+    }
+  }
+  const UpperBound through_mha(MulUp(ln_centre.maxCoeff(), v_m));
+  const UpperBound through_ln(MulUp(ln_var.maxCoeff(), AddUp(1.0, u_m)));
+  out.upper = UpperBound(AddUp(AddUp(in.centre.value(), through_mha.value()), through_ln.value()));
+  out.terms.push_back({"centre norm ||D(Yc)(I + J_M(X0))||", in.centre});
+  out.terms.push_back({"MHA variation: max_i ||D_i(yc_i)|| x sup ||J_M(X) - J_M(X0)||", through_mha});
+  out.terms.push_back({"LN variation: max_i sup ||D_i(y_i) - D_i(yc_i)|| over the per-token cover of Y x (1 + U_M)",
+                       through_ln});
+  if (report) {
+    report->y_cover = y_cover;
+    report->ln_centre = ln_centre;
+    report->ln_variation = ln_var;
+  }
+  return out;
+}
+
+Eigen::VectorXd MhaRowBlockNormsUp(const AttentionLayer& mha, const Eigen::MatrixXd& x0, long dense_limit, int threads,
+                                   std::chrono::steady_clock::time_point deadline) {
+  const int n = int(x0.rows()), d = int(x0.cols());
+  if (long(n) * d > dense_limit || mha.post_ln() || mha.layer_norm) return {};
+  CentreNormOptions co;
+  co.mha_only = true;
+  co.threads = threads;
+  co.deadline = deadline;
+  co.dense_limit = long(n) * d;
+  const IntervalMatrix jm = CentreJacobianEnclosure(mha, x0, co);
+  if (std::chrono::steady_clock::now() > deadline) return {};
+  Eigen::VectorXd out(n);
+  for (int i = 0; i < n; ++i) {
+    // ||B|| = ||B^T||, and B^T (ND x D) has the D x D Gram matrix.
+    const IntervalMatrix bt(jm.mid.middleRows(i * d, d).transpose(), jm.rad.middleRows(i * d, d).transpose());
+    out(i) = NormL2UpperGram(bt, threads, nullptr, deadline).value();
+    if (!std::isfinite(out(i))) return {};
+  }
+  return out;
+}
+
+PostLnCentreInfBounds PostLnCentreInfNormBounds(const AttentionLayer& L, const Eigen::MatrixXd& x0, long dense_limit,
+                                                int threads, std::chrono::steady_clock::time_point deadline) {
+  CheckLayer(L);
+  PostLnCentreInfBounds out;
+  const int n = int(x0.rows()), d = int(x0.cols());
+  const long nd = long(n) * d;
+  if (nd > dense_limit) {
+    out.note = "N*D = " + std::to_string(nd) + " above the dense limit " + std::to_string(dense_limit);
+    return out;
+  }
+  const auto passed = [&] { return std::chrono::steady_clock::now() > deadline; };
+  const AttentionLayer mha = L.WithoutPostLayerNorm();
+  CentreNormOptions co;
+  co.mha_only = true;
+  co.threads = threads;
+  co.deadline = deadline;
+  co.dense_limit = nd;
+  IntervalMatrix jm = CentreJacobianEnclosure(mha, x0, co);
+  if (passed()) {
+    out.timed_out = true;
+    out.note = "did not finish before its deadline";
+    return out;
+  }
+  const double jm_inf = NormInfUpper(jm).value();
+  out.mha_upper = UpperBound(jm_inf);
+  for (Eigen::Index i = 0; i < jm.rows(); ++i) {  // + I, the rounding of mid + 1 into the radius
+    const Interval e = Interval(jm.mid(i, i)) + Interval(1.0);
+    const double mid = 0.5 * e.lo + 0.5 * e.hi;
+    jm.rad(i, i) = AddUp(jm.rad(i, i), std::max(SubUp(e.hi, mid), SubUp(mid, e.lo)));
+    jm.mid(i, i) = mid;
+  }
+  // Y0 within balls of radius err_i around yc_i; D_i(yc_i) enclosed, and
+  // sup ||D_i(y) - D_i(yc_i)||_inf <= sqrt(D) sup ||D_i(y) - D_i(yc_i)||_2 over each ball.
+  const TokenCover y_cover = PostLnYCover(L, TokenCover{x0, Eigen::VectorXd::Zero(n), UpperBound(0)},
+                                          Eigen::VectorXd::Zero(n));
+  if (!y_cover.center.allFinite()) {
+    out.note = "no finite enclosure of Y0";
+    return out;
+  }
+  const MhaInput f = PostLnFactors(L, y_cover, NormKind::kL2);
+  const double moved = MulUp(MulUp(SqrtUp(double(d)), f.delta_ln.maxCoeff()), AddUp(1.0, jm_inf));
+  // Row sums of D_i(yc_i) (I + J_M(X0))_i, token by token (D x ND products), from both sides.
+  double upper = 0, lower = 0;
+  int row = -1;
+  for (int i = 0; i < n; ++i) {
+    const IntervalMatrix block(jm.mid.middleRows(i * d, d), jm.rad.middleRows(i * d, d));
+    const IntervalMatrix p = Mul(f.ln_jac[size_t(i)], block);
+    for (int a = 0; a < d; ++a) {
+      double up = 0, down = 0;
+      for (Eigen::Index c = 0; c < p.cols(); ++c) {
+        const double m = std::fabs(p.mid(a, c)), r = p.rad(a, c);
+        up = AddUp(up, AddUp(m, r));
+        down = AddDown(down, std::max(0.0, SubDown(m, r)));
+      }
+      upper = std::max(upper, up);
+      if (down > lower) lower = down, row = i * d + a;
+    }
+    if (passed()) {
+      out.timed_out = true;
+      out.note = "did not finish before its deadline";
+      return out;
+    }
+  }
+  out.upper = UpperBound(AddUp(upper, moved));
+  out.lower = LowerBound(std::max(0.0, SubDown(lower, moved)));
+  out.row = row;
+  return out;
+}
+
+namespace {
+
+// MHA's certified pieces from one certificate: its bound, and the centre_norm engine's centre
+// term and the sum of its variation terms (+inf where that engine did not give a finite bound).
+struct MhaPieces {
+  UpperBound upper{kInf}, centre{kInf}, variation{kInf};
+};
+MhaPieces PiecesOf(const Certificate& c) {
+  MhaPieces m;
+  m.upper = c.upper_bound;
+  for (const EngineResult& e : c.engines) {
+    if (e.id != EngineId::kCentreNorm || !e.applied || !std::isfinite(e.upper.value()) || !e.centre_norm) continue;
+    if (e.centre_norm->centre.value() < m.centre.value()) m.centre = e.centre_norm->centre;
+    if (e.centre_norm->variation.value() < m.variation.value()) m.variation = e.centre_norm->variation;
+  }
+  return m;
+}
+
+}  // namespace
+
+EngineResult PostLnVariationCandidate(const AttentionLayer& L, const InputSet& set, NormKind p,
+                                      const Certificate& mha_l2, const Certificate& mha_p, UpperBound centre_l2,
+                                      const Eigen::MatrixXd& centre_y, int threads,
+                                      std::chrono::steady_clock::time_point deadline, long inf_dense_limit,
+                                      int* inf_row) {
+  const auto t0 = std::chrono::steady_clock::now();
+  EngineResult r{EngineId::kPostLnVariation, UpperBound(kInf), 0, "", false, {}, {}};
+  if (inf_row) *inf_row = -1;
+  const auto done = [&](EngineResult e) {
+    e.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    return e;
+  };
+  if (!L.post_ln() || L.layer_norm) {
+    r.note = "a post-LN layer without pre-LN only";
+    return done(r);
+  }
+  const TokenCover cover = CoverOf(set);
+  const MhaPieces m2 = PiecesOf(mha_l2), mp = PiecesOf(mha_p);
+  PostLnVariationInputs in;
+  in.norm = p;
+  in.mha_l2_upper = m2.upper;
+  in.mha_l2_centre = m2.centre;
+  in.mha_l2_variation = m2.variation;
+  in.mha_upper = mp.upper;
+  in.mha_centre = mp.centre;
+  in.mha_variation = mp.variation;
+  const AttentionLayer mha = L.WithoutPostLayerNorm();
+  if (set.radius > 0) {
+    // The rows of J_M(X0) size the cover of Y token by token; ||J_M(X0)||_2^2 <= sum_i ||J_{M,i}(X0)||_2^2.
+    in.mha_row_centre_l2 = MhaRowBlockNormsUp(mha, set.center, inf_dense_limit, threads, deadline);
+    if (in.mha_row_centre_l2.size()) {
+      double sum2 = 0;
+      for (Eigen::Index i = 0; i < in.mha_row_centre_l2.size(); ++i)
+        sum2 = AddUp(sum2, MulUp(in.mha_row_centre_l2(i), in.mha_row_centre_l2(i)));
+      if (SqrtUp(sum2) < in.mha_l2_centre.value()) in.mha_l2_centre = UpperBound(SqrtUp(sum2));
+      if (p == NormKind::kL2 && SqrtUp(sum2) < in.mha_centre.value()) in.mha_centre = UpperBound(SqrtUp(sum2));
+    }
+    // MHA's variation where its certificate has none: the centred form's variation half
+    // (certify/centred_engine.h), refining for half of the time left.
+    const auto variation_of = [&](NormKind q) {
+      BoundOptions bo;
+      bo.norm = q;
+      bo.threads = threads;
+      bo.deadline = deadline;
+      const auto now = std::chrono::steady_clock::now();
+      const auto refine = deadline == std::chrono::steady_clock::time_point::max() ? deadline : now + (deadline - now) / 2;
+      const CentredVariation v = CentredVariationBound(mha, cover, bo, refine);
+      return v.complete ? v.variation : UpperBound(kInf);
+    };
+    if (!std::isfinite(in.mha_l2_variation.value())) in.mha_l2_variation = variation_of(NormKind::kL2);
+    if (p == NormKind::kL2) in.mha_variation = in.mha_l2_variation;
+    else if (!std::isfinite(in.mha_variation.value())) in.mha_variation = variation_of(p);
+  }
+  if (p == NormKind::kL2) {
+    in.centre = centre_l2;
+    if (!std::isfinite(centre_l2.value())) {
+      r.note = "no certified centre norm of the sublayer";
+      return done(r);
+    }
+  } else {
+    const PostLnCentreInfBounds c = PostLnCentreInfNormBounds(L, set.center, inf_dense_limit, threads, deadline);
+    if (!std::isfinite(c.upper.value())) {
+      r.note = "inf centre: " + c.note;
+      return done(r);
+    }
+    in.centre = c.upper;
+    if (inf_row) *inf_row = c.row;
+    // The enclosure's own ||J_M(X0)||_inf is a second certified centre of MHA.
+    if (c.mha_upper.value() < in.mha_centre.value()) in.mha_centre = c.mha_upper;
+  }
+  if (set.radius == 0 && p != NormKind::kL2) {  // at a point: the inf centre, enclosure of Y0 included
+    r.upper = in.centre;
+    r.terms.push_back({"centre norm ||D(Yc)(I + J_M(X0))||", in.centre});
+    r.applied = true;
+    return done(r);
+  }
+  PostLnVariationReport rep;
+  const EngineBound b = PostLnVariationBound(L, cover, in, DefaultExpBackend(), &rep);
+  if (p == NormKind::kL2 && std::isfinite(b.upper.value()) && !(rep.y_cover.center == centre_y)) {
+    r.note = "the Y centre differs from the centre norm's";
+    return done(r);
+  }
+  r.upper = b.upper;
+  r.terms = b.terms;
+  r.applied = std::isfinite(b.upper.value());
+  r.note = b.note;
+  return done(r);
+}
+
+}  // namespace lipcert

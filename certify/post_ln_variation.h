@@ -1,0 +1,118 @@
+// The post-LN sublayer f(X) = LN(Y(X)), Y = X + M(X), M = MHA, over a set: its own centre
+// norm plus its own variation (docs/engines.md, "Post-LN variation"). With D(Y) the
+// block-diagonal LayerNorm Jacobian (blocks D_i(y_i), D x D) and Yc the exact centre of the
+// enclosure of Y0 = X0 + M(X0),
+//
+//   J_f(X) = D(Yc)(I + J_M(X0)) + D(Yc)(J_M(X) - J_M(X0)) + (D(Y) - D(Yc))(I + J_M(X)),
+//   sup_S ||J_f||_p <= ||D(Yc)(I + J_M(X0))||_p + max_i ||D_i(yc_i)||_p V_M
+//                      + max_i sup_{y_i in B(yc_i, rho_i)} ||D_i(y_i) - D_i(yc_i)||_p (1 + U_M),
+//
+// V_M >= sup_S ||J_M(X) - J_M(X0)||_p (MHA alone's certified variation), U_M >= sup_S ||J_M||_p
+// (the smaller of MHA's certified bound and ||J_M(X0)||_p + V_M), and the per-token cover of Y
+//   rho_i = r_i + R_joint * U2 + err_i,  U2 >= sup_S ||J_M||_2,
+// (mean value theorem on the segment X0 -> X inside S: ||M_i(X) - M_i(X0)|| <= ||M(X) - M(X0)||_F
+// <= U2 ||X - X0||_F), err_i the enclosure's half-width of row i. Every number is rounded up.
+#pragma once
+
+#include <Eigen/Dense>
+#include <string>
+#include <vector>
+
+#include "certify/certificate.h"
+#include "certify/engine_bound.h"
+#include "certify/input_set.h"
+#include "certify/token_cover.h"
+#include "interval/elementary.h"
+#include "interval/interval_matrix.h"
+#include "interval/rounding.h"
+#include "models/attention_layer.h"
+
+namespace lipcert {
+
+// What the variation needs, all certified over the same set S (X0 in S, S convex) and all in
+// the norm p unless named _l2. Any may be +inf (the bound is then +inf or uses the others).
+struct PostLnVariationInputs {
+  NormKind norm = NormKind::kL2;
+  UpperBound centre{kInf};          // >= ||D(Yc)(I + J_M(X0))||_p, Yc = PostLnYCentre(...).center
+  UpperBound mha_centre{kInf};      // >= ||J_M(X0)||_p
+  UpperBound mha_variation{kInf};   // >= sup_S ||J_M(X) - J_M(X0)||_p
+  UpperBound mha_upper{kInf};       // >= sup_S ||J_M(X)||_p
+  UpperBound mha_l2_upper{kInf};    // >= sup_S ||J_M(X)||_2 (sizes the cover of Y whatever p is)
+  UpperBound mha_l2_centre{kInf};   // >= ||J_M(X0)||_2 (with the next, a second bound on the one above)
+  UpperBound mha_l2_variation{kInf};  // >= sup_S ||J_M(X) - J_M(X0)||_2
+  // Optional (empty: not known): row_centre_l2(i) >= ||J_{M,i}(X0)||_2, token i's row block
+  // (D x ND); then ||M_i(X) - M_i(X0)|| <= (row_centre_l2(i) + V_2) ||X - X0||_F as well.
+  Eigen::VectorXd mha_row_centre_l2;
+
+  // "" when valid, else a message naming the field.
+  std::string IsValid() const;
+};
+
+// >= sup over ||y - yc|| <= rho of ||J_LN(y) - J_LN(yc)||_2 for one token (D entries): the
+// radial change of 1/sigma and the turn of the unit centred vector, apart (post_ln_variation.cc).
+double LayerNormVariationUp(const LayerNormParams& ln, const Eigen::RowVectorXd& yc, double rho);
+
+// The per-token cover of Y and the LayerNorm factors over it (for reports and tests).
+struct PostLnVariationReport {
+  TokenCover y_cover;               // centre Yc (exact), radii rho_i
+  Eigen::VectorXd ln_centre;        // >= ||D_i(yc_i)||_p
+  Eigen::VectorXd ln_variation;     // >= sup over B(yc_i, rho_i) of ||D_i(y) - D_i(yc_i)||_p
+  double mha_l2 = kInf;             // the U2 used for the cover
+  double mha_variation = kInf;      // the V_M used
+  double mha_upper = kInf;          // the U_M used
+};
+
+// The cover of Y = X + M(X) over a cover of X: centre the midpoint of the interval enclosure
+// of X0 + M(X0) (the same point ComposePostLayerNorm and PostLnCentreBound use), radii
+// r_i + displacement_i + err_i with displacement_i >= sup_S ||M_i(X) - M_i(X0)||. `layer` is
+// the post-LN layer (its MHA is evaluated). Centre +inf entries (radius +inf) when the
+// enclosure is not finite.
+TokenCover PostLnYCover(const AttentionLayer& layer, const TokenCover& cover, const Eigen::VectorXd& displacement,
+                        ExpBackend exp_backend = DefaultExpBackend());
+
+// >= ||J_{M,i}(X0)||_2 for every token i (the row blocks of MHA's Jacobian at x0, from the
+// dense enclosure of the centre_norm assembly, each certified by the Gram certificate of its
+// D x D Gram matrix). `layer` is MHA alone. Empty when N*D > dense_limit or the deadline passed.
+Eigen::VectorXd MhaRowBlockNormsUp(const AttentionLayer& mha, const Eigen::MatrixXd& x0, long dense_limit, int threads,
+                                   std::chrono::steady_clock::time_point deadline =
+                                       std::chrono::steady_clock::time_point::max());
+
+// The bound above as an engine (name "post_ln_variation"), with terms naming the centre norm,
+// the MHA variation and the LayerNorm variation. Throws std::invalid_argument when the layer
+// has no post-LN or has a pre-LN too, or when `in` is invalid.
+EngineBound PostLnVariationBound(const AttentionLayer& layer, const TokenCover& cover, const PostLnVariationInputs& in,
+                                 ExpBackend exp_backend = DefaultExpBackend(), PostLnVariationReport* report = nullptr);
+
+// ||J_f(X0)||_inf for the post-LN sublayer at a point, from both sides: J_M(X0) enclosed
+// densely (the centre_norm engine's assembly), I added, each token's rows multiplied by
+// D_i(yc_i), the row sums of the enclosure, and the enclosure of Y0 covered by
+// max_i sup ||D_i(y) - D_i(yc_i)||_inf (1 + ||J_M(X0)||_inf). `row` (flattening i*D + a) is the
+// row with the largest lower sum, the one a witness takes; `mha_upper` >= ||J_M(X0)||_inf from
+// the same enclosure. Above N*D = dense_limit (or once the deadline passes) upper is +inf.
+struct PostLnCentreInfBounds {
+  UpperBound upper{kInf};
+  LowerBound lower{0.0};
+  UpperBound mha_upper{kInf};
+  int row = -1;
+  bool timed_out = false;
+  std::string note;
+};
+PostLnCentreInfBounds PostLnCentreInfNormBounds(const AttentionLayer& layer, const Eigen::MatrixXd& x0, long dense_limit,
+                                                int threads,
+                                                std::chrono::steady_clock::time_point deadline =
+                                                    std::chrono::steady_clock::time_point::max());
+
+// The candidate CertifyPostLayerNorm adds (engine "post_ln_variation"): the bound above with
+// MHA's quantities read from its certificates (`mha_l2` in norm 2, `mha_p` in the norm p, the
+// same one when p = 2): U from their upper bounds, ||J_M(X0)|| and V_M from their centre_norm
+// engine's terms where it ran (else V_M <= 2 U). The centre: in norm 2 `centre_l2`, certified
+// at the Y centre `centre_y` (PostLnCentreBound's first term; the candidate refuses when its
+// own Y centre differs); in the inf norm PostLnCentreInfNormBounds up to N*D = inf_dense_limit,
+// before `deadline`. `*inf_row` (if non-null) receives that route's witness row (-1 if none).
+EngineResult PostLnVariationCandidate(const AttentionLayer& layer, const InputSet& set, NormKind p,
+                                      const Certificate& mha_l2, const Certificate& mha_p, UpperBound centre_l2,
+                                      const Eigen::MatrixXd& centre_y, int threads,
+                                      std::chrono::steady_clock::time_point deadline, long inf_dense_limit = 12288,
+                                      int* inf_row = nullptr);
+
+}  // namespace lipcert

@@ -1,0 +1,373 @@
+// The post-LN sublayer's own variation (certify/post_ln_variation.h): the bound dominates MPFR
+// Jacobian norms of LN(X + MHA(X)) at random and searched points of the set (norms 2 and inf),
+// each of its terms dominates the quantity it bounds, and each fails its check at 0.8 times its
+// value (the centre and ||D_i(yc_i)|| are exact; the LayerNorm variation is attained where the
+// ball reaches a constant row); the inf norm at a point is exact from both sides.
+#include "certify/post_ln_variation.h"
+
+#include <gtest/gtest.h>
+#include <mpreal.h>
+
+#include <random>
+#include <unsupported/Eigen/MPRealSupport>
+
+#include "certify/centred_engine.h"
+#include "certify/pipeline.h"
+#include "certify/post_layer_norm.h"
+#include "certify/search.h"
+#include "models/forward.h"
+#include "models/random_layer.h"
+#include "tests/common/test_scale.h"
+
+namespace lipcert {
+
+template <>
+struct ScalarToDouble<mpfr::mpreal> {
+  static double Get(const mpfr::mpreal& v) { return v.toDouble(); }
+};
+
+namespace {
+
+using mpfr::mpreal;
+using M = Eigen::Matrix<mpreal, Eigen::Dynamic, Eigen::Dynamic>;
+
+AttentionLayer RandomPostLn(int c, std::mt19937_64& rng) {
+  RandomLayerSpec spec;
+  spec.kind = c % 2 ? AttentionKind::kL2 : AttentionKind::kDot;
+  spec.causal = c % 3 == 1;
+  spec.biases = c % 4 != 3;
+  spec.layer_norm = true;
+  spec.d = 3 + c % 3;
+  spec.heads = 1 + c % 2;
+  spec.dk = 2;
+  spec.qk_scale = 1 + c % 3;
+  AttentionLayer L = RandomAttentionLayer(spec, rng);
+  L.post_layer_norm = L.layer_norm;
+  L.layer_norm.reset();
+  return L;
+}
+
+Eigen::MatrixXd ToDouble(const M& m) {
+  Eigen::MatrixXd d(m.rows(), m.cols());
+  for (Eigen::Index r = 0; r < m.rows(); ++r)
+    for (Eigen::Index k = 0; k < m.cols(); ++k) d(r, k) = m(r, k).toDouble();
+  return d;
+}
+
+// J of the layer at x, formed in MPFR (256 bits), rounded to double.
+Eigen::MatrixXd JacobianMp(const AttentionLayer& L, const Eigen::MatrixXd& x) {
+  return ToDouble(DenseJacobian<mpreal>(L, M(x.cast<mpreal>())));
+}
+double Sigma1(const Eigen::MatrixXd& j) { return Eigen::JacobiSVD<Eigen::MatrixXd>(j).singularValues()(0); }
+double RowSumMax(const Eigen::MatrixXd& j) { return j.cwiseAbs().rowwise().sum().maxCoeff(); }
+double NormOf(const Eigen::MatrixXd& j, NormKind p) { return p == NormKind::kL2 ? Sigma1(j) : RowSumMax(j); }
+
+// J_LN(y) for one row, in MPFR: diag(gamma) (I - 11^T/D - yhat yhat^T / D) / sigma.
+Eigen::MatrixXd LayerNormJacobianMp(const LayerNormParams& ln, const Eigen::RowVectorXd& y) {
+  const int d = int(y.size());
+  mpreal mean = 0;
+  for (int a = 0; a < d; ++a) mean += mpreal(y(a));
+  mean /= d;
+  std::vector<mpreal> c(d);
+  mpreal var = 0;
+  for (int a = 0; a < d; ++a) c[a] = mpreal(y(a)) - mean, var += c[a] * c[a];
+  const mpreal sigma = mpfr::sqrt(var / d + mpreal(ln.eps));
+  M j(d, d);
+  for (int a = 0; a < d; ++a)
+    for (int b = 0; b < d; ++b)
+      j(a, b) = mpreal(ln.gamma(a)) * ((a == b ? mpreal(1) : mpreal(0)) - mpreal(1) / d - c[a] * c[b] / (sigma * sigma * d)) / sigma;
+  return ToDouble(j);
+}
+
+Eigen::MatrixXd RandomPointIn(const InputSet& set, std::mt19937_64& rng, double fraction) {
+  std::normal_distribution<double> g;
+  Eigen::MatrixXd dx = Eigen::MatrixXd::NullaryExpr(set.center.rows(), set.center.cols(), [&] { return g(rng); });
+  return set.Project(set.center + set.radius * fraction * dx / dx.norm());
+}
+
+// MHA alone's certified pieces over the cover (the centre_norm engine), in the norm p.
+struct MhaPieces {
+  UpperBound upper{kInf}, centre{kInf}, variation{kInf};
+};
+MhaPieces MhaPiecesOf(const AttentionLayer& L, const TokenCover& cover, NormKind p) {
+  BoundOptions o;
+  o.norm = p;
+  const EngineBound e = CentreNormBound(L.WithoutPostLayerNorm(), cover, o, 1L << 30);
+  MhaPieces m;
+  m.upper = e.upper;
+  m.centre = e.terms.at(0).value;
+  double v = 0;
+  for (size_t i = 1; i < e.terms.size(); ++i) v = AddUp(v, e.terms[i].value.value());
+  m.variation = UpperBound(v);
+  return m;
+}
+
+// The variation's inputs for the layer over the set, from public engines.
+PostLnVariationInputs InputsFor(const AttentionLayer& L, const InputSet& set, NormKind p) {
+  const TokenCover cover = CoverOf(set);
+  const MhaPieces m2 = MhaPiecesOf(L, cover, NormKind::kL2);
+  const MhaPieces mp = p == NormKind::kL2 ? m2 : MhaPiecesOf(L, cover, p);
+  PostLnVariationInputs in;
+  in.norm = p;
+  in.mha_l2_upper = m2.upper;
+  in.mha_l2_centre = m2.centre;
+  in.mha_l2_variation = m2.variation;
+  in.mha_upper = mp.upper;
+  in.mha_centre = mp.centre;
+  in.mha_variation = mp.variation;
+  in.mha_row_centre_l2 = MhaRowBlockNormsUp(L.WithoutPostLayerNorm(), set.center, 1L << 30, 1);
+  if (p == NormKind::kL2) {
+    in.centre = PostLnCentreBound(L, set.center, BoundOptions{}).terms.at(0).value;
+  } else {
+    in.centre = PostLnCentreInfNormBounds(L, set.center, 1L << 30, 1).upper;
+  }
+  return in;
+}
+
+struct SetCase {
+  AttentionLayer layer;
+  InputSet set;
+};
+SetCase RandomSetCase(long c, std::mt19937_64& rng, double log10_lo, double log10_hi) {
+  std::normal_distribution<double> g;
+  SetCase s;
+  s.layer = RandomPostLn(int(c), rng);
+  s.set.center = Eigen::MatrixXd::NullaryExpr(2 + c % 3, s.layer.d_model, [&] { return 2 * g(rng); });
+  s.set.radius = std::pow(10.0, std::uniform_real_distribution<double>(log10_lo, log10_hi)(rng));
+  return s;
+}
+
+// The bound dominates ||J_f(X)||_p (MPFR) at the centre, at random points inside and on the
+// sphere, and each of its three terms dominates what it bounds there:
+//   centre >= ||J_f(X0)|| up to the enclosure of Y0 (1e-6 relative),
+//   max_i ||D_i(yc_i)|| V_M >= ||D(Yc)(J_M(X) - J_M(X0))||,
+//   max_i delta_i (1 + U_M) >= ||(D(Y) - D(Yc))(I + J_M(X))||.
+TEST(PostLnVariation, BoundAndTermsDominateMpfrAtRandomPoints) {
+  mpfr::mpreal::set_default_prec(256);
+  std::mt19937_64 rng(3601);
+  const long cases = testing::Count(24);
+  long checked = 0, points = 0;
+  for (long c = 0; c < cases; ++c) {
+    const NormKind p = c % 3 == 2 ? NormKind::kLinf : NormKind::kL2;
+    const SetCase s = RandomSetCase(c, rng, -4, -1);
+    const AttentionLayer& L = s.layer;
+    const AttentionLayer mha = L.WithoutPostLayerNorm();
+    const PostLnVariationInputs in = InputsFor(L, s.set, p);
+    PostLnVariationReport rep;
+    const EngineBound b = PostLnVariationBound(L, CoverOf(s.set), in, DefaultExpBackend(), &rep);
+    ASSERT_TRUE(std::isfinite(b.upper.value())) << "case " << c << ": " << b.note;
+    ASSERT_EQ(b.terms.size(), 3u);
+    const int n = int(s.set.center.rows()), d = L.d_model;
+    // D(Yc) and J_M(X0) in MPFR.
+    Eigen::MatrixXd dyc = Eigen::MatrixXd::Zero(n * d, n * d);
+    for (int i = 0; i < n; ++i)
+      dyc.block(i * d, i * d, d, d) = LayerNormJacobianMp(*L.post_layer_norm, rep.y_cover.center.row(i));
+    const Eigen::MatrixXd jm0 = JacobianMp(mha, s.set.center);
+    const Eigen::MatrixXd eye = Eigen::MatrixXd::Identity(n * d, n * d);
+    const double centre_true = NormOf(JacobianMp(L, s.set.center), p);
+    EXPECT_GE(b.terms[0].value.value(), centre_true * (1 - 1e-6)) << "case " << c;
+    for (int k = 0; k < 8; ++k) {
+      const Eigen::MatrixXd x = k == 0 ? s.set.center : RandomPointIn(s.set, rng, k % 2 ? 1.0 : 0.5);
+      const Eigen::MatrixXd jf = JacobianMp(L, x);
+      EXPECT_LE(NormOf(jf, p), b.upper.value()) << "case " << c << " point " << k;
+      const Eigen::MatrixXd jm = JacobianMp(mha, x);
+      EXPECT_LE(NormOf(dyc * (jm - jm0), p), b.terms[1].value.value() * (1 + 1e-9)) << "case " << c << " point " << k;
+      // D(Y) - D(Yc), the blocks at y = x + M(x).
+      const Eigen::MatrixXd y = x + ToDouble(Forward<mpreal>(mha, M(x.cast<mpreal>())));
+      Eigen::MatrixXd dy = Eigen::MatrixXd::Zero(n * d, n * d);
+      for (int i = 0; i < n; ++i) dy.block(i * d, i * d, d, d) = LayerNormJacobianMp(*L.post_layer_norm, y.row(i));
+      EXPECT_LE(NormOf((dy - dyc) * (eye + jm), p), b.terms[2].value.value() * (1 + 1e-9)) << "case " << c << " point " << k;
+      ++points;
+    }
+    ++checked;
+  }
+  EXPECT_EQ(checked, cases);
+  EXPECT_EQ(points, 8 * cases);
+}
+
+// The mutation checks: each term at 0.8 times its value fails the check above somewhere.
+//   centre: 0.8 x centre < ||J_f(X0)||;
+//   the MHA variation's factor max_i ||D_i(yc_i)|| is sigma_1 of the MPFR block to 1e-9, so
+//     0.8 of it is below the block's norm;
+//   the LayerNorm variation: on a ball around yc that reaches the constant row (c = 0), the
+//     MPFR ||J_LN(y) - J_LN(yc)|| there is above 0.8 x LayerNormVariationUp.
+TEST(PostLnVariation, EachTermFailsAtFourFifths) {
+  mpfr::mpreal::set_default_prec(256);
+  std::mt19937_64 rng(3602);
+  const long cases = testing::Count(12);
+  long centre_fails = 0, factor_fails = 0, ln_fails = 0;
+  for (long c = 0; c < cases; ++c) {
+    const SetCase s = RandomSetCase(c, rng, -3, -2);
+    const AttentionLayer& L = s.layer;
+    const PostLnVariationInputs in = InputsFor(L, s.set, NormKind::kL2);
+    PostLnVariationReport rep;
+    const EngineBound b = PostLnVariationBound(L, CoverOf(s.set), in, DefaultExpBackend(), &rep);
+    ASSERT_TRUE(std::isfinite(b.upper.value()));
+    if (0.8 * b.terms[0].value.value() < Sigma1(JacobianMp(L, s.set.center))) ++centre_fails;
+    double block_max = 0;
+    for (Eigen::Index i = 0; i < rep.y_cover.center.rows(); ++i)
+      block_max = std::max(block_max, Sigma1(LayerNormJacobianMp(*L.post_layer_norm, rep.y_cover.center.row(i))));
+    EXPECT_GE(rep.ln_centre.maxCoeff(), block_max);
+    EXPECT_LE(rep.ln_centre.maxCoeff(), block_max * (1 + 1e-9));
+    if (0.8 * rep.ln_centre.maxCoeff() < block_max) ++factor_fails;
+    // A row yc and a ball through its constant projection: y = mean(yc) 1 is at distance ||c0||.
+    const Eigen::RowVectorXd yc = rep.y_cover.center.row(0);
+    const double s0 = (yc.array() - yc.mean()).matrix().norm();
+    const double rho = s0 * 1.0000001;
+    const double up = LayerNormVariationUp(*L.post_layer_norm, yc, rho);
+    const Eigen::RowVectorXd flat = Eigen::RowVectorXd::Constant(yc.size(), yc.mean());
+    const double at_flat = Sigma1(LayerNormJacobianMp(*L.post_layer_norm, flat) - LayerNormJacobianMp(*L.post_layer_norm, yc));
+    EXPECT_LE(at_flat, up) << "case " << c;
+    if (at_flat > 0.8 * up) ++ln_fails;
+  }
+  EXPECT_EQ(centre_fails, cases);
+  EXPECT_EQ(factor_fails, cases);
+  EXPECT_GT(ln_fails, cases / 2);
+}
+
+// The row blocks of J_M(X0): certified above the MPFR sigma_1 of each block and within 1e-6
+// of it (so 0.8 of it fails), and the cover of Y they give holds: ||y_i - yc_i|| <= rho_i at
+// random points and at the search's points of the set.
+TEST(PostLnVariation, RowBlocksAndTheCoverOfYHold) {
+  mpfr::mpreal::set_default_prec(256);
+  std::mt19937_64 rng(3607);
+  const long cases = testing::Count(12);
+  long points = 0;
+  for (long c = 0; c < cases; ++c) {
+    const SetCase s = RandomSetCase(c, rng, -3, 0);
+    const AttentionLayer mha = s.layer.WithoutPostLayerNorm();
+    const Eigen::VectorXd rows = MhaRowBlockNormsUp(mha, s.set.center, 1L << 30, 1);
+    const int n = int(s.set.center.rows()), d = s.layer.d_model;
+    ASSERT_EQ(rows.size(), n);
+    const Eigen::MatrixXd jm0 = JacobianMp(mha, s.set.center);
+    for (int i = 0; i < n; ++i) {
+      const double exact = Sigma1(jm0.middleRows(i * d, d));
+      EXPECT_GE(rows(i), exact) << "case " << c;
+      EXPECT_LE(rows(i), exact * (1 + 1e-6) + 1e-12) << "case " << c;
+    }
+    EXPECT_EQ(MhaRowBlockNormsUp(mha, s.set.center, 1, 1).size(), 0);
+    PostLnVariationReport rep;
+    PostLnVariationBound(s.layer, CoverOf(s.set), InputsFor(s.layer, s.set, NormKind::kL2), DefaultExpBackend(), &rep);
+    ASSERT_EQ(rep.y_cover.radius.size(), n);
+    for (int k = 0; k < 8; ++k) {
+      const Eigen::MatrixXd x = RandomPointIn(s.set, rng, k % 2 ? 1.0 : 0.5);
+      const Eigen::MatrixXd y = x + ToDouble(Forward<mpreal>(mha, M(x.cast<mpreal>())));
+      for (int i = 0; i < n; ++i)
+        EXPECT_LE((y.row(i) - rep.y_cover.center.row(i)).norm(), rep.y_cover.radius(i)) << "case " << c << " token " << i;
+      ++points;
+    }
+  }
+  EXPECT_EQ(points, 8 * cases);
+}
+
+// LayerNormVariationUp dominates MPFR ||J_LN(y) - J_LN(yc)|| at random, radial and turned
+// points of the ball, for radii from 1e-4 of ||c0|| to above it.
+TEST(PostLnVariation, LayerNormVariationDominatesMpfr) {
+  mpfr::mpreal::set_default_prec(256);
+  std::mt19937_64 rng(3603);
+  std::normal_distribution<double> g;
+  const long cases = testing::Count(200);
+  long checked = 0;
+  for (long c = 0; c < cases; ++c) {
+    const int d = 3 + int(c % 6);
+    LayerNormParams ln;
+    ln.gamma = Eigen::VectorXd::NullaryExpr(d, [&] { return g(rng); });
+    ln.beta = Eigen::VectorXd::NullaryExpr(d, [&] { return g(rng); });
+    ln.eps = c % 2 ? 1e-12 : 1e-5;
+    const Eigen::RowVectorXd yc = Eigen::RowVectorXd::NullaryExpr(d, [&] { return 2 * g(rng); });
+    const Eigen::RowVectorXd c0 = yc.array() - yc.mean();
+    const double rho = c0.norm() * std::pow(10.0, std::uniform_real_distribution<double>(-4, 0.3)(rng));
+    const double up = LayerNormVariationUp(ln, yc, rho);
+    const Eigen::MatrixXd j0 = LayerNormJacobianMp(ln, yc);
+    for (int k = 0; k < 6; ++k) {
+      Eigen::RowVectorXd dir;
+      if (k == 0) dir = -c0;                      // shrink
+      else if (k == 1) dir = c0;                  // grow
+      else dir = Eigen::RowVectorXd::NullaryExpr(d, [&] { return g(rng); });
+      if (k == 2) dir -= (dir.dot(c0) / c0.squaredNorm()) * c0;  // turn
+      const Eigen::RowVectorXd y = yc + 0.999999 * rho * dir / dir.norm();
+      EXPECT_LE(Sigma1(LayerNormJacobianMp(ln, y) - j0), up) << "case " << c << " point " << k;
+    }
+    ++checked;
+  }
+  EXPECT_EQ(checked, cases);
+}
+
+// The inf norm at a point: the certified row sums bracket the MPFR max row sum of J_f(X0),
+// within 1e-6; the row given is the largest one.
+TEST(PostLnVariation, InfCentreIsExactAtAPoint) {
+  mpfr::mpreal::set_default_prec(256);
+  std::mt19937_64 rng(3604);
+  const long cases = testing::Count(16);
+  for (long c = 0; c < cases; ++c) {
+    const SetCase s = RandomSetCase(c, rng, -3, -3);
+    const PostLnCentreInfBounds b = PostLnCentreInfNormBounds(s.layer, s.set.center, 1L << 30, 1);
+    const Eigen::MatrixXd j = JacobianMp(s.layer, s.set.center);
+    const double exact = RowSumMax(j);
+    ASSERT_TRUE(std::isfinite(b.upper.value()));
+    EXPECT_GE(b.upper.value(), exact) << "case " << c;
+    EXPECT_LE(b.lower.value(), exact) << "case " << c;
+    EXPECT_LE(b.upper.value(), b.lower.value() * (1 + 1e-6)) << "case " << c;
+    ASSERT_GE(b.row, 0);
+    EXPECT_GE(j.row(b.row).cwiseAbs().sum(), exact * (1 - 1e-6)) << "case " << c;
+    // Above the dense limit: no number.
+    EXPECT_FALSE(std::isfinite(PostLnCentreInfNormBounds(s.layer, s.set.center, 1, 1).upper.value()));
+  }
+}
+
+// Stronger witnesses than samples: the lower-bound search on the post-LN layer (rigorously
+// re-evaluated) over sets with radii up to 10; the variation bound stays above it.
+TEST(PostLnVariation, EnginesDominateSearchedWitnesses) {
+  std::mt19937_64 rng(3605);
+  const long cases = testing::Count(30);
+  long checked = 0;
+  double tightest = kInf;
+  for (long c = 0; c < cases; ++c) {
+    const NormKind p = c % 3 == 2 ? NormKind::kLinf : NormKind::kL2;
+    const SetCase s = RandomSetCase(c, rng, -2, 1);
+    SearchOptions so;
+    so.norm = p;
+    so.starts = 8;
+    so.max_steps = 60;
+    so.max_rounds = 1;
+    so.threads = 1;
+    so.seed = 100 + c;
+    const double witness = SearchLowerBound(s.layer, s.set, so).best.lower_bound.value();
+    const EngineBound b = PostLnVariationBound(s.layer, CoverOf(s.set), InputsFor(s.layer, s.set, p));
+    ASSERT_GE(b.upper.value(), witness) << "case " << c;
+    tightest = std::min(tightest, b.upper.value() / witness);
+    ++checked;
+  }
+  EXPECT_EQ(checked, cases);
+  std::printf("post_ln_variation against searched witnesses: tightest upper / witness %.4g\n", tightest);
+}
+
+// Through Certify: on a set containing X0 the witness is never below ||J_f(X0)|| (norm 2) nor
+// below the centre's certified largest row sum (inf), and the engine is among the candidates.
+TEST(PostLnVariation, CertifyWitnessNeverBelowTheCentre) {
+  mpfr::mpreal::set_default_prec(256);
+  std::mt19937_64 rng(3606);
+  const long cases = testing::Count(6);
+  for (long c = 0; c < cases; ++c) {
+    const NormKind p = c % 2 ? NormKind::kLinf : NormKind::kL2;
+    const SetCase s = RandomSetCase(c, rng, -3, -2);
+    CertifyOptions o;
+    o.time_limit_s = 1;
+    o.norm = p;
+    const Certificate cert = Certify(s.layer, s.set, o, Provenance{});
+    bool seen = false;
+    for (const EngineResult& e : cert.engines)
+      if (e.id == EngineId::kPostLnVariation) {
+        seen = true;
+        EXPECT_TRUE(e.applied) << "case " << c << ": " << e.note;
+        EXPECT_GE(e.upper.value(), cert.upper_bound.value());
+      }
+    EXPECT_TRUE(seen) << "case " << c;
+    const double centre = NormOf(JacobianMp(s.layer, s.set.center), p);
+    EXPECT_GE(cert.lower_bound.value(), centre * (1 - 1e-6)) << "case " << c;
+    EXPECT_LE(cert.lower_bound.value(), cert.upper_bound.value()) << "case " << c;
+  }
+}
+
+}  // namespace
+}  // namespace lipcert
