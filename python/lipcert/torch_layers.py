@@ -584,13 +584,25 @@ def layer_from_module(module: nn.Module, attention_only: bool = False, heads: Op
     return layer_from_spec(spec)
 
 
-def layer_from_spec(spec: BlockSpec, name_prefix: str = ""):
+def layer_from_spec(spec: BlockSpec, name_prefix: str = "", source: Optional[str] = None,
+                    layer_index: Optional[int] = None):
+    """The lipcert.Layer of a BlockSpec; name_prefix goes before every tensor name (the block's
+    path in its model), source and layer_index into the layer's provenance."""
     from . import Layer  # the core's Layer (lipcert/__init__.py)
 
     arrays = dict(spec.arrays)
     if name_prefix:
         arrays["names"] = {k: f"{name_prefix}.{v}" for k, v in arrays["names"].items()}
+    if source is not None:
+        arrays["source"] = source
+    if layer_index is not None:
+        arrays["layer_index"] = layer_index
     return Layer.from_arrays(**arrays)
 
 
-__all__ = ["BlockSpec", "UnsupportedModuleError", "describe_module", "layer_from_module", "layer_from_spec"]
+# Layer.from_module (lipcert/layer.py) calls this name.
+from_module = layer_from_module
+
+
+__all__ = ["BlockSpec", "UnsupportedModuleError", "describe_module", "from_module", "layer_from_module",
+           "layer_from_spec"]
