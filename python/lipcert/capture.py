@@ -20,6 +20,8 @@ torch version; the call runs under torch.no_grad().
 from __future__ import annotations
 
 import inspect
+import sys
+import types
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterator, List, Optional, Sequence
 
@@ -283,3 +285,15 @@ def capture(model: nn.Module, *args, attention_only: bool = False, **kwargs) -> 
 
 
 __all__ = ["Capture", "CapturedLayer", "capture", "find_blocks"]
+
+
+class _CallableModule(types.ModuleType):
+    """Importing lipcert.capture (this module) sets the attribute lipcert.capture to the module,
+    over the package's lazy function of the same name; calling the module calls capture(), so
+    `lipcert.capture(model, ...)` works either way."""
+
+    def __call__(self, model, *args, **kwargs):
+        return capture(model, *args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule

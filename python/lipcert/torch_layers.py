@@ -495,9 +495,10 @@ def describe_module(module: nn.Module, attention_only: bool = False, heads: Opti
         raise TypeError(f"module: expected a torch.nn.Module, got {type(module).__name__}")
     if not isinstance(attention_only, bool):
         raise TypeError(f"attention_only: expected a bool, got {type(attention_only).__name__}")
+    spec = _match(module, attention_only, heads, causal, delegate=True)
     if _is_training(module):
         raise _refuse(module, "is in training mode (dropout is random there); call model.eval() first")
-    return _match(module, attention_only, heads, causal, delegate=True)
+    return spec
 
 
 def _match(m: nn.Module, attention_only: bool, heads: Optional[int], causal: Optional[bool],
