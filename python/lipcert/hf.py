@@ -361,6 +361,57 @@ def write_audit(out: str, per_text, selected: List[int], radii: List[float], nor
     return dict(folder=os.path.relpath(d, out), file="audit/audit.toml", centres="audit/centres.safetensors")
 
 
+def save_centres(model_dir: str, texts: Sequence[str], path: str, lengths: Optional[Sequence[int]] = None,
+                 log=None) -> Dict[str, np.ndarray]:
+    """Writes the hidden states entering every attention layer as float64 safetensors, no
+    certification: the centres for `lipcert certify --center FILE:NAME` and audit files.
+
+    The model runs in float64. Without lengths: tensors layer{L}_text{T}, each text whole. With
+    lengths: each text truncated by its tokenizer to exactly N tokens (special tokens included),
+    tensors layer{L}_n{N} (one text) or layer{L}_text{T}_n{N}; a text shorter than N is an
+    InputError. Returns the tensors."""
+    from safetensors.numpy import save_file
+
+    from .capture import capture as _capture
+    from .torch_layers import UnsupportedModuleError
+
+    say = log or (lambda s: None)
+    texts = list(texts)
+    if not texts:
+        raise InputError("--text: give at least one text")
+    for i, t in enumerate(texts):
+        if not isinstance(t, str) or not t.strip():
+            raise InputError(f"--text {i + 1}: empty text")
+    if lengths is not None:
+        lengths = [int(n) for n in lengths]
+        if not lengths or any(n < 1 for n in lengths):
+            raise InputError(f"--lengths: expected positive token counts, got {lengths}")
+    if not os.path.isdir(os.path.dirname(os.path.abspath(path))):
+        raise InputError(f"--centres: the folder of {path} does not exist")
+    model, tokenizer = load(model_dir)
+    model = model.double()
+    tensors: Dict[str, np.ndarray] = {}
+    for ti, t in enumerate(texts):
+        for n in (lengths or [None]):
+            enc = tokenizer(t, return_tensors="pt", truncation=n is not None, max_length=n)
+            got = enc["input_ids"].shape[1]
+            if n is not None and got != n:
+                raise InputError(f"--text {ti + 1}: {got} tokens, fewer than --lengths {n}")
+            try:
+                caps = _capture(model, **dict(enc))
+            except UnsupportedModuleError as e:
+                raise InputError(f"{model_dir}: unsupported architecture: {_one_line(e)}") from None
+            for c in caps:
+                name = f"layer{c.index}"
+                name += f"_n{n}" if n is not None and len(texts) == 1 else (
+                    f"_text{ti}_n{n}" if n is not None else f"_text{ti}")
+                tensors[name] = np.ascontiguousarray(c.centres[0], dtype=np.float64)
+    save_file(tensors, path, metadata={"source": os.path.basename(os.path.normpath(model_dir)),
+                                       "what": "hidden states entering each attention layer (lipcert.hf, float64)"})
+    say(f"lipcert hf: wrote {path} ({len(tensors)} tensors)")
+    return tensors
+
+
 # --------------------------------------------------------------------------------------
 # Command line
 
@@ -379,7 +430,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--layers", default="all", help="all (default) or attention layer indices, e.g. 0,2")
     p.add_argument("--relative-radii", default="0.001,0.01",
                    help="ball radii as fractions of ||X0||_F, comma-separated (default 0.001,0.01)")
-    p.add_argument("--out", required=True, help="output folder (created)")
+    p.add_argument("--out", help="output folder (created; required unless --centres)")
     p.add_argument("--time-limit", type=float, default=10.0, help="seconds per certificate (default 10)")
     p.add_argument("--norm", default="2", help="2 (default) or inf")
     p.add_argument("--attention-only", action="store_true", help="MHA alone, without the sublayer's LayerNorm")
@@ -388,6 +439,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--budget", type=float, default=None, help="a work budget instead of time (deterministic)")
     p.add_argument("--max-tokens", type=int, default=None, help="truncate each text to this many tokens")
+    p.add_argument("--centres", metavar="FILE", help="only write the centres (float64 safetensors, tensors "
+                   "layer{L}_text{T}, or layer{L}_n{N} with --lengths and one text) and stop")
+    p.add_argument("--lengths", help="with --centres: truncate each text to each of these token counts, e.g. 8,16,32")
     p.add_argument("--quiet", action="store_true")
     return p
 
@@ -395,6 +449,24 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     a = _parser().parse_args(argv)
     log = (lambda s: None) if a.quiet else (lambda s: print(s, file=sys.stderr, flush=True))
+    if a.centres is not None:
+        try:
+            lengths = None if a.lengths is None else [int(x) for x in a.lengths.split(",")]
+        except ValueError:
+            sys.stderr.write(f"lipcert hf: --lengths: '{a.lengths}' is not a list of token counts\n")
+            return 2
+        try:
+            save_centres(a.model_dir, a.text, a.centres, lengths, log=log)
+        except InputError as e:
+            sys.stderr.write(f"lipcert hf: {e}\n")
+            return 2
+        return 0
+    if a.out is None:
+        sys.stderr.write("lipcert hf: --out: required (the report's folder)\n")
+        return 2
+    if a.lengths is not None:
+        sys.stderr.write("lipcert hf: --lengths: only with --centres\n")
+        return 2
     try:
         result = run(a.model_dir, a.text, relative_radii=a.relative_radii, layers=a.layers, out=a.out,
                      time_limit=a.time_limit, norm=a.norm, attention_only=a.attention_only, audit=a.audit,
