@@ -203,8 +203,13 @@ class _Recorder:
             if kpm is not None:
                 keep = ~kpm if kpm.dtype == torch.bool else ~torch.isneginf(kpm)
                 call["keep"] = keep.detach().cpu()
-        elif x.dim() == 2:
-            x = x.unsqueeze(0)
+        else:
+            if spec.hidden_arg == "query":  # an attention called as f(query, key, value)
+                k, v = a.get("key"), a.get("value")
+                if not (k is x or torch.equal(k, x)) or not (v is x or torch.equal(v, x)):
+                    raise self._refuse("called with key/value other than query (cross-attention); not supported")
+            if x.dim() == 2:
+                x = x.unsqueeze(0)
         call["x"] = x.detach().to(device="cpu")
         self.calls.append(call)
 
