@@ -26,30 +26,50 @@ PreparedJob PrepareJob(const CertifyRequest& r) {
   return PrepareJob(r, LoadModel(r.model.path, o));
 }
 
-PreparedJob PrepareJob(const CertifyRequest& r, LoadedModel model) {
+std::string DropLayerNormSublayer(AttentionLayer* layer) {
+  if (!layer->residual() && !layer->post_ln())
+    return "attention_only: the layer has no LayerNorm sublayer; certifying the layer itself";
+  layer->layer_norm.reset();  // MHA alone for both LayerNorm placements
+  layer->post_layer_norm.reset();
+  return "";
+}
+
+namespace {
+
+// PrepareJob with the centre read from request.set.centre (centre == nullptr) or given.
+PreparedJob Prepare(const CertifyRequest& r, LoadedModel model, const Eigen::MatrixXd* centre) {
   if ((r.set.radius >= 0) == (r.set.relative_radius >= 0))
     throw OptionError("radius: give exactly one of radius and relative radius (>= 0)");
   if (const std::string e = ValidateCertifyOptions(r.options); !e.empty()) throw OptionError(e);
   PreparedJob job;
   job.model = std::move(model);
   job.layer = SelectLayer(job.model, r.model.layer);
-  if (r.model.attention_only) {
-    AttentionLayer& sel = job.model.layers[job.layer];
-    if (sel.residual() || sel.post_ln()) {  // MHA alone for both LayerNorm placements
-      sel.layer_norm.reset();
-      sel.post_layer_norm.reset();
-    } else
-      job.note = "attention_only: the layer has no LayerNorm sublayer; certifying the layer itself";
-  }
+  if (r.model.attention_only) job.note = DropLayerNormSublayer(&job.model.layers[job.layer]);
   const AttentionLayer& L = job.Layer();
   job.set.kind = r.set.kind;
-  job.set.center = LoadCentre(r.set.centre, r.set.tokens, L.d_model);
+  if (centre) {
+    if (centre->rows() < 1 || centre->cols() != L.d_model)
+      throw OptionError("centre: expected (N, " + std::to_string(L.d_model) + ") with N >= 1, got (" +
+                        std::to_string(centre->rows()) + ", " + std::to_string(centre->cols()) + ")");
+    if (!centre->allFinite()) throw OptionError("centre: holds NaN or infinity");
+    job.set.center = *centre;
+  } else {
+    job.set.center = LoadCentre(r.set.centre, r.set.tokens, L.d_model);
+  }
   job.set.radius = r.set.radius >= 0 ? r.set.radius : r.set.relative_radius * job.set.center.norm();
   if (!std::isfinite(job.set.radius)) throw OptionError("radius: must be finite");
   job.options = r.options;
   job.provenance = {job.model.path, job.model.sha256, job.model.preset, job.model.layer_indices[job.layer],
                     r.set.centre};
   return job;
+}
+
+}  // namespace
+
+PreparedJob PrepareJob(const CertifyRequest& r, LoadedModel model) { return Prepare(r, std::move(model), nullptr); }
+
+PreparedJob PrepareJob(const CertifyRequest& r, LoadedModel model, const Eigen::MatrixXd& centre) {
+  return Prepare(r, std::move(model), &centre);
 }
 
 CertifyOutcome RunJob(const PreparedJob& job) {
@@ -66,6 +86,16 @@ CertifyOutcome RunJob(const PreparedJob& job) {
   out.certificate = Certify(job.Layer(), job.set, options, job.provenance);
   if (!job.note.empty()) out.certificate.notes.push_back(job.note);
   return out;
+}
+
+SearchOptions SearchOnlyOptions(const PreparedJob& job) {
+  SearchOptions so;
+  so.norm = job.options.norm;
+  so.seed = job.options.seed;
+  so.threads = job.options.threads;
+  so.time_limit_s = job.options.time_limit_s;
+  so.verbose = job.options.progress;
+  return so;
 }
 
 CertifyOutcome CertifyCheckpoint(const CertifyRequest& request) { return RunJob(PrepareJob(request)); }

@@ -58,11 +58,19 @@ struct PreparedJob {
 // OptionError naming the field when there is none or the choice is ambiguous.
 int SelectLayer(const LoadedModel& model, int layer);
 
+// Drops the LayerNorm sublayer of a pre-LN or post-LN layer (ModelSpec::attention_only):
+// MHA alone remains. Returns "" when it did, else the note that the layer has none (the
+// request is then the layer itself).
+std::string DropLayerNormSublayer(AttentionLayer* layer);
+
 // Loads the checkpoint and the centre and validates the request.
 PreparedJob PrepareJob(const CertifyRequest& request);
 // The same with a checkpoint already loaded (sweeps and audits certify many sets of one
 // checkpoint); `model` must be LoadModel's result for request.model.
 PreparedJob PrepareJob(const CertifyRequest& request, LoadedModel model);
+// The same with the centre X0 in memory (the Python API): request.set.centre only names it
+// in the provenance. `centre` must be (N, d_model) and finite (OptionError "centre: ...").
+PreparedJob PrepareJob(const CertifyRequest& request, LoadedModel model, const Eigen::MatrixXd& centre);
 
 struct CertifyOutcome {
   Certificate certificate;   // certificate.witness holds the witness X* and v
@@ -70,6 +78,10 @@ struct CertifyOutcome {
 
 // Runs the engines on a prepared job.
 CertifyOutcome RunJob(const PreparedJob& job);
+
+// The options of the lower-bound search alone (`lipcert search`, lipcert.search): the job's
+// norm, seed and threads, with the whole time limit.
+SearchOptions SearchOnlyOptions(const PreparedJob& job);
 
 // PrepareJob then RunJob: the whole pipeline in one call.
 CertifyOutcome CertifyCheckpoint(const CertifyRequest& request);

@@ -15,13 +15,7 @@ Command AddSearchCommand(CLI::App& parent) {
   return {app, [a] {
             if (!a->json_out.empty()) throw OptionError("--json: search writes no certificate; use --witness");
             const PreparedJob job = PrepareJob(ToRequest(*a));
-            SearchOptions so;
-            so.norm = job.options.norm;
-            so.seed = job.options.seed;
-            so.threads = job.options.threads;
-            so.time_limit_s = job.options.time_limit_s;
-            so.verbose = job.options.progress;
-            const SearchResult r = SearchLowerBound(job.Layer(), job.set, so);
+            const SearchResult r = SearchLowerBound(job.Layer(), job.set, SearchOnlyOptions(job));
             if (!a->witness_out.empty()) WriteWitness(a->witness_out, r.best);
             std::printf("witnessed lower bound %.17g (floating %.9g, origin %s)\n", r.best.lower_bound.value(), r.best.value,
                         r.best.origin.c_str());

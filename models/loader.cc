@@ -309,6 +309,19 @@ AttentionLayer LoadNative(const Checkpoint& ck, Config& cfg, const LoadOptions& 
   } else if (ck.Metadata("ln_eps")) {
     throw InputError(file, "__metadata__.ln_eps", "given, but the file has no ln.weight / ln.bias");
   }
+  if (ck.Has("post_ln.weight") || ck.Has("post_ln.bias")) {  // the post-LN sublayer LN(X + MHA(X))
+    LayerNormParams ln;
+    ln.gamma = ck.Vector(Require(ck, "post_ln.weight", "native"));
+    ln.beta = ck.Vector(Require(ck, "post_ln.bias", "native"));
+    if (const std::string* e = ck.Metadata("post_ln_eps"))
+      ln.eps = ParsePositiveDoubleText(*e, file, "__metadata__.post_ln_eps");
+    L.post_layer_norm = ln;
+    L.tensor_names["post_ln.weight"] = "post_ln.weight";
+    L.tensor_names["post_ln.bias"] = "post_ln.bias";
+    L.tensor_names["post_ln.eps"] = ck.Metadata("post_ln_eps") ? "__metadata__.post_ln_eps" : "default (1e-5)";
+  } else if (ck.Metadata("post_ln_eps")) {
+    throw InputError(file, "__metadata__.post_ln_eps", "given, but the file has no post_ln.weight / post_ln.bias");
+  }
   return L;
 }
 

@@ -4,6 +4,8 @@
 //              __metadata__: kind (dot|l2, required), heads, causal ("true"/"false", default
 //              false), ln_eps (default 1e-5), optional head_dim_qk / head_dim_v (checked
 //              against the shapes). For kind l2, k.weight may be absent (tied to q.weight).
+//              Optional post_ln.weight / post_ln.bias with __metadata__ post_ln_eps (default
+//              1e-5): the post-LN sublayer LN(X + MHA(X)) instead (lipcert.Layer.save writes it).
 //   torch-mha  nn.MultiheadAttention state_dict, any prefix: in_proj_weight (3D, D) holding
 //              q, k, v stacked, in_proj_bias, out_proj.weight, out_proj.bias. Kind dot;
 //              causal from __metadata__ "causal" (default false).
