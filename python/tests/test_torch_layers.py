@@ -64,7 +64,8 @@ def test_certified_bound_at_radius_zero_covers_autograd_jacobian(arch, size):
     assert jac > 0.01
     assert cert.upper_bound >= jac, (arch, size, cert.upper_bound, jac)
     assert cert.lower_bound <= jac * (1 + 1e-9)
-    assert cert.upper_bound <= 1.05 * jac, (arch, size, cert.upper_bound, jac)
+    # At radius 0 the centred engines evaluate the Jacobian at X0 itself: equal up to rounding.
+    assert cert.upper_bound <= jac * (1 + 1e-6), (arch, size, cert.upper_bound, jac)
 
 
 def test_attention_only_is_mha_alone():
