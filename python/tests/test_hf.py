@@ -134,3 +134,16 @@ def test_bad_input_exit_2_nothing_written(tmp_path):
                                    vocab_size=30522, position_embedding_type="relative_key")).eval()
     msg = _bad(tmp_path, _folder_with(tmp_path, "relative", rel), "--text", "hello")
     assert "unsupported architecture" in msg and "BertSelfAttention" in msg and "relative_key" in msg
+
+
+def test_console_script_is_the_same_command(tmp_path):
+    import sysconfig
+
+    exe = os.path.join(sysconfig.get_path("scripts"), "lipcert-hf")
+    if not os.path.isfile(exe):
+        pytest.skip("lipcert-hf is not installed beside this Python (pip install .)")
+    r = subprocess.run([exe, str(tmp_path / "missing"), "--text", "hello", "--out", str(tmp_path / "out")],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and r.stderr.strip() == f"lipcert hf: {tmp_path / 'missing'}: not a folder " \
+        "(expected a HuggingFace model folder)"
+    assert not (tmp_path / "out").exists()
