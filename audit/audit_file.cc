@@ -75,10 +75,10 @@ struct JobDefaults {
   std::vector<NormKind> norms = {NormKind::kL2};
   std::vector<bool> attention_only = {false};
   double time_limit = 10;
-  Budget budget;
+  WorkBudget budget;  // certify/run_control.h
   double tolerance = 0.01;
   int64_t seed = 1;
-  int64_t dense_limit = 4096;
+  int64_t dense_limit = kDefaultDenseLimit;  // CertifyOptions' (certify/engine_bound.h)
   Thresholds thresholds;
 };
 
@@ -528,11 +528,10 @@ AuditPlan ReadAuditFile(const std::string& path) {
                                {"tolerance", d.tolerance},
                                {"seed", d.seed},
                                {"dense_limit", d.dense_limit}};
-                  if (d.budget.steps > 0) {
-                    // No clock: the budget alone ends the run (the same certificate everywhere).
-                    r.options.time_limit_s = 1e7;
-                    r.options.search.max_rounds = d.budget.rounds;
-                    r.options.branch_and_bound.max_pieces = d.budget.steps;
+                  if (d.budget.enabled()) {
+                    // No clock: the budget alone bounds every stage (the same certificate
+                    // everywhere; CertifyOptions::budget).
+                    r.options.budget = d.budget;
                     r.options.probabilistic.seed = d.seed + 1;  // a fixed start: reproducible
                     spec["budget"] = {{"steps", d.budget.steps}, {"rounds", d.budget.rounds}};
                   } else {

@@ -29,11 +29,6 @@ struct Thresholds {
   static Thresholds FromJson(const nlohmann::json& j);
 };
 
-// A work budget instead of the clock: the same certificate on every machine and schedule.
-struct Budget {
-  int steps = 0;   // branch-and-bound pieces at most (> 0 turns the budget on)
-  int rounds = 2;  // lower-bound search rounds
-};
 
 struct AuditJob {
   // The job's own description, as written in the journal: checkpoint (name and path as the

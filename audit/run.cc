@@ -234,9 +234,9 @@ int Summarise(const json& plan_json, const std::vector<JournalEntry>& entries, c
       row.cells.push_back(Fmt(upper, "%.6g"));
       row.cells.push_back(Fmt(lower, "%.6g"));
       row.cells.push_back(Fmt(lower > 0 ? upper / lower : INFINITY, "%.4g"));
-      // A job that stopped at its work budget says so (the certificate says time_limit).
+      // A job that stopped at its work budget says so (status work_budget).
       const std::string status = c["status"].get<std::string>();
-      row.cells.push_back(s.contains("budget") && status == "time_limit" ? "budget" : status);
+      row.cells.push_back(status == "work_budget" ? "budget" : status);
       row.verdict = Judge(Thresholds::FromJson(pj["thresholds"]), c);
     }
     row.cells.push_back(VerdictToString(row.verdict.verdict));

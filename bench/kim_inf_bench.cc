@@ -72,9 +72,9 @@ int main(int argc, char** argv) {
         double kim = -1, structured = 1e300;
         std::string from = "none";
         for (const EngineResult& e : c.engines) {
-          if (e.name == "closed_form/kim_inf") kim = e.upper.value();
-          else if (e.applied && e.name != "branch_and_bound" && e.upper.value() < structured)
-            structured = e.upper.value(), from = e.name;
+          if (e.id == EngineId::kClosedFormKimInf) kim = e.upper.value();
+          else if (e.applied && e.id != EngineId::kBranchAndBound && e.upper.value() < structured)
+            structured = e.upper.value(), from = e.name();
         }
         std::printf("N=%d R=%g certified=%.5g structured=%.5g (%s) kim_inf=%.5g witness=%.5g\n", n, r,
                     c.upper_bound.value(), structured, from.c_str(), kim, c.lower_bound.value());

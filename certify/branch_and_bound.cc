@@ -1,5 +1,6 @@
 #include "certify/branch_and_bound.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <queue>
@@ -80,13 +81,14 @@ bool CertainlyDisjoint(const InputSet& set, const Eigen::MatrixXd& lo, const Eig
 
 BranchAndBoundResult BranchAndBound(const AttentionLayer& layer, const InputSet& set, LowerBound lower,
                                     const BranchAndBoundOptions& opts) {
-  using Clock = std::chrono::steady_clock;
   const auto start = Clock::now();
-  auto elapsed = [&] { return std::chrono::duration<double>(Clock::now() - start).count(); };
+  auto elapsed = [&] { return ElapsedSeconds(start); };
   BoundOptions bo;
   bo.norm = opts.norm;
-  bo.dense_limit = opts.dense_limit;
+  bo.dense_limit = std::min(opts.dense_limit, kPieceDenseLimit);
   bo.exclude_residual = opts.exclude_residual;
+  bo.by_work = opts.by_work;
+  bo.stop = opts.stop;
 
   BranchAndBoundResult res;
   std::priority_queue<Piece> open;
@@ -101,8 +103,7 @@ BranchAndBoundResult BranchAndBound(const AttentionLayer& layer, const InputSet&
   }
   // Pieces bounded after the time limit come back +inf from the engines (then the parent's
   // bound stands); the root above ran without a deadline.
-  if (opts.time_limit_s < 1e9)
-    bo.deadline = start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(opts.time_limit_s));
+  bo.deadline = After(start, opts.time_limit_s);
   // A split bounds two pieces: only start one that can finish within the time limit.
   res.pieces_explored = 1;
   open.push(root);
@@ -115,7 +116,15 @@ BranchAndBoundResult BranchAndBound(const AttentionLayer& layer, const InputSet&
       res.tolerance_reached = true;
       break;
     }
-    if (elapsed() + 2 * piece_seconds >= opts.time_limit_s || res.pieces_explored >= opts.max_pieces) break;
+    if (StopRequested(opts.stop)) {
+      res.stopped = true;
+      break;
+    }
+    if (res.pieces_explored >= opts.max_pieces) {
+      res.pieces_spent = true;
+      break;
+    }
+    if (!opts.by_work && elapsed() + 2 * piece_seconds >= opts.time_limit_s) break;
     // Split the widest coordinate.
     Eigen::Index bi = 0, bj = 0;
     double w = -1;

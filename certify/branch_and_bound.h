@@ -5,6 +5,7 @@
 // coordinates); on wide layers the root bound is usually all the time allows.
 #pragma once
 
+#include <atomic>
 #include <functional>
 
 #include "certify/engine_bound.h"
@@ -14,13 +15,22 @@
 
 namespace lipcert {
 
+// The centred engine bounds a piece densely up to this N*D at most: it runs once per piece,
+// its cost (N D)^3.
+inline constexpr int kPieceDenseLimit = 4096;
+
 struct BranchAndBoundOptions {
   NormKind norm = NormKind::kL2;
-  double time_limit_s = 10;   // wall clock for the whole search
+  double time_limit_s = 10;   // wall clock for the whole search (+inf: none, work alone)
   double tolerance = 0.01;    // stop when upper <= (1 + tolerance) * lower
-  int max_pieces = 100000;    // pieces bounded, at most
-  int dense_limit = 4096;     // the centred engine runs on pieces with N*D up to this
+  int max_pieces = 100000;    // pieces bounded, at most (the work budget's steps)
+  int dense_limit = kDefaultDenseLimit;  // certify/engine_bound.h; the pieces' centred engine
+                                        // at most kPieceDenseLimit
   bool exclude_residual = false;
+  bool by_work = false;       // no clock in the pieces' engines (BoundOptions::by_work)
+  // When it points to true the loop ends before its next split (and the engines inside
+  // stop as at their deadline).
+  const std::atomic<bool>* stop = nullptr;
   // The root's bound and the seconds it took, when the caller has already computed them
   // (root_upper = +inf: compute here).
   UpperBound root_upper{kInf};
@@ -35,6 +45,8 @@ struct BranchAndBoundResult {
   int open_pieces = 0;
   bool tolerance_reached = false;
   bool exhausted = false;     // no piece left worth splitting (all at full resolution)
+  bool pieces_spent = false;  // ended by max_pieces
+  bool stopped = false;       // ended by opts.stop
 };
 
 // Bound of one cover: the better of the block-norm engine and, where CentredEngineRefusal

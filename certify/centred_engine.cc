@@ -11,6 +11,7 @@
 #include "certify/dense_jacobian.h"
 #include "certify/head_factors.h"
 #include "certify/layer_norm_cover.h"
+#include "certify/time_model.h"
 #include "interval/norms.h"
 #include "interval/parallel.h"
 #include "interval/vector_norms.h"
@@ -34,6 +35,9 @@ struct HeadsApart {
 // refined, or both refined where they are close and small), the other nodes take T(1)'s choice.
 enum class SecondOrderRoute { kChoose, kSummed, kStacked };
 constexpr double kRefineBothUpTo = 16384;  // N D
+// Under a work budget (BoundOptions::by_work) the second order takes this many nodes after
+// T(1) (s = 1/2, 1/4, 3/4), whatever the time: a fixed count, the same on every machine.
+constexpr int kWorkBudgetNodes = 3;
 
 // sup ||D^2 out[U, U]|| over unit U and the z-cover scaled by s about zc (norm 2): the smaller
 // of the forms' bound (SecondOrderHeadUp: max_j sum_h ||column j of L_h|| + sum_h cross_h)
@@ -142,6 +146,8 @@ double SecondOrderVariationUp(const std::vector<HeadGeometry>& geo, const MhaInp
       std::chrono::duration<double>(std::max(0.0, t_one_seconds)));
   const std::vector<double> order = {0.5, 0.25, 0.75, 0.125, 0.375, 0.625, 0.875};
   for (size_t k = 0; k < order.size(); ++k) {
+    if (opts.by_work && int(k) >= kWorkBudgetNodes) break;
+    if (DeadlinePassed(opts)) break;  // the deadline, or a stop request: T(1) bounds every node
     const double s = order[k];
     const auto t0 = std::chrono::steady_clock::now();
     if (budget_end != std::chrono::steady_clock::time_point::max() && t0 + last > budget_end) break;
@@ -176,23 +182,9 @@ std::string CentredEngineRefusal(const AttentionLayer& layer, int tokens, const 
   return "";
 }
 
-double CentredEngineCostEstimate(const AttentionLayer& layer, int tokens) {
-  const double n = tokens, d = layer.d_model, h = layer.heads, nd = n * d;
-  const double dk = layer.head_dim_qk, dv = layer.head_dim_v;
-  // Measured (docs/engines.md, "Engine cost"): the run time grows as (ND)^2 from ND = 256 to
-  // 2048, about 1e4 operations per entry of the ND x ND enclosure (its blocks and the
-  // norm certificate's products), the Cholesky's (ND)^3 / 3 still small there.
-  double flops = 1e4 * nd * nd + nd * nd * nd / 3;
-  // The LayerNorm composition: N interval products (ND x D) (D x D), three GEMMs each.
-  if (layer.layer_norm) flops += 6.0 * n * nd * d * d;
-  // Factor bounds per head (geometry GEMMs, logit boxes, the tangent plane, two covers).
-  flops += h * (2.0 * n * d * (2 * dk + dv) + 2.0 * d * d * (dk + dv) + 40.0 * n * n * (dk + d));
-  return flops;
-}
+double CentredEngineCostEstimate(const AttentionLayer& layer, int tokens) { return CentredEngineOperations(layer, tokens); }
 
-double CentredEngineSecondsEstimate(const AttentionLayer& layer, int tokens, double flops_per_second) {
-  return CentredEngineCostEstimate(layer, tokens) / flops_per_second;
-}
+double CentredEngineSecondsEstimate(const AttentionLayer& layer, int tokens) { return CentredEngineSeconds(layer, tokens); }
 
 CentredVariation CentredVariationBound(const AttentionLayer& L, const TokenCover& cover, const BoundOptions& opts,
                                        std::chrono::steady_clock::time_point refine_until, bool up_to_refine_until) {
@@ -590,6 +582,10 @@ EngineBound CentreNormBound(const AttentionLayer& L, const TokenCover& cover, co
     out.terms.push_back({"LayerNorm rounding ||J_M(zc) - J_M(z0)|| max_j ||J_LN(x_j)||", anchor});
   }
   out.alternatives = v.alternatives;
+  // The centred form's halves: the centre norm, and the rest of the terms added in order.
+  double variation = 0;
+  for (size_t i = 1; i < out.terms.size(); ++i) variation = AddUp(variation, out.terms[i].value.value());
+  out.centre_norm = CentreNormTerms{centre_norm, UpperBound(variation)};
   // Where the time went (the sublayer's second centre norm and variation are in neither).
   char seconds[128];
   if (v.second_order_nodes > 0)

@@ -19,19 +19,11 @@ namespace lipcert {
 // callers ask it before calling CentredBound.
 std::string CentredEngineRefusal(const AttentionLayer& layer, int tokens, const BoundOptions& opts);
 
-// Predicted operations of CentredBound on `tokens` tokens: about 1e4 (N D)^2 (the dense
-// ND x ND enclosure and its norm certificate; measured, see docs/engines.md "Engine
-// cost") plus the (N D)^3 / 3 of the Cholesky and the LayerNorm composition. Cheap:
-// arithmetic on the sizes only.
+// Predicted operations of CentredBound on `tokens` tokens (about 1e4 (N D)^2 plus the
+// Cholesky's (N D)^3 / 3; sizes only) and its predicted seconds on this machine: the cost
+// model of certify/time_model.h (CentredEngineOperations, CentredEngineSeconds).
 double CentredEngineCostEstimate(const AttentionLayer& layer, int tokens);
-
-// The rate of CentredBound in these operations on an idle 2-core machine, and the
-// predicted seconds at a rate. Optimistic on purpose: the engine is not started only when
-// even an idle machine could not finish before the deadline; on a loaded one (1.1e9 was
-// measured at a load average of 15 on 2 cores) the deadline checks inside stop it.
-inline constexpr double kCentredEngineFlopsPerSecond = 1e10;
-double CentredEngineSecondsEstimate(const AttentionLayer& layer, int tokens,
-                                    double flops_per_second = kCentredEngineFlopsPerSecond);
+double CentredEngineSecondsEstimate(const AttentionLayer& layer, int tokens);
 
 // Certified: sup over the cover of ||J(X)||_2 <= result.upper, with its terms. Throws
 // std::invalid_argument when CentredEngineRefusal is not "". Once opts.deadline has passed

@@ -16,8 +16,47 @@ const char* CertificateStatusToString(CertificateStatus s) {
     case CertificateStatus::kTimeLimit: return "time_limit";
     case CertificateStatus::kExhausted: return "engines_exhausted";
     case CertificateStatus::kInProgress: return "in_progress";
+    case CertificateStatus::kInterrupted: return "interrupted";
+    case CertificateStatus::kWorkBudget: return "work_budget";
   }
   return "?";
+}
+
+const char* EngineIdToString(EngineId id) {
+  switch (id) {
+    case EngineId::kClosedFormCastin: return "closed_form/castin";
+    case EngineId::kClosedFormKim: return "closed_form/kim";
+    case EngineId::kClosedFormKimInf: return "closed_form/kim_inf";
+    case EngineId::kBlockNorm: return "block_norm";
+    case EngineId::kCentred: return "centred";
+    case EngineId::kCentreNorm: return "centre_norm";
+    case EngineId::kBranchAndBound: return "branch_and_bound";
+    case EngineId::kPostLnComposition: return "post_ln_composition";
+    case EngineId::kPostLnCentre: return "post_ln_centre";
+  }
+  return "?";
+}
+
+bool StringToEngineId(const std::string& name, EngineId* id) {
+  for (EngineId e : {EngineId::kClosedFormCastin, EngineId::kClosedFormKim, EngineId::kClosedFormKimInf,
+                     EngineId::kBlockNorm, EngineId::kCentred, EngineId::kCentreNorm, EngineId::kBranchAndBound,
+                     EngineId::kPostLnComposition, EngineId::kPostLnCentre})
+    if (name == EngineIdToString(e)) {
+      *id = e;
+      return true;
+    }
+  return false;
+}
+
+bool StringToCertificateStatus(const std::string& name, CertificateStatus* s) {
+  for (CertificateStatus c : {CertificateStatus::kTolerance, CertificateStatus::kTimeLimit, CertificateStatus::kExhausted,
+                              CertificateStatus::kInProgress, CertificateStatus::kInterrupted,
+                              CertificateStatus::kWorkBudget})
+    if (name == CertificateStatusToString(c)) {
+      *s = c;
+      return true;
+    }
+  return false;
 }
 
 double Certificate::gap() const {
@@ -59,10 +98,10 @@ nlohmann::json ToJson(const Certificate& c) {
   j["gap"] = Num(c.gap());
   nlohmann::json engines = nlohmann::json::object(), details = nlohmann::json::array();
   for (const EngineResult& e : c.engines) {
-    engines[e.name] = Num(e.upper.value());
+    engines[e.name()] = Num(e.upper.value());
     nlohmann::json terms = nlohmann::json::array();
     for (const BoundTerm& t : e.terms) terms.push_back({{"name", t.name}, {"upper_bound", Num(t.value.value())}});
-    details.push_back({{"name", e.name},
+    details.push_back({{"name", e.name()},
                        {"upper_bound", Num(e.upper.value())},
                        {"seconds", e.seconds},
                        {"applied", e.applied},
@@ -73,7 +112,7 @@ nlohmann::json ToJson(const Certificate& c) {
   j["engine_details"] = details;
   // The engine that won and its largest term: "why is my bound large".
   if (const EngineResult* w = c.Winner()) {
-    nlohmann::json winner = {{"engine", w->name}};
+    nlohmann::json winner = {{"engine", w->name()}};
     const BoundTerm* top = nullptr;
     for (const BoundTerm& t : w->terms)
       if (!top || t.value.value() > top->value.value()) top = &t;
@@ -108,6 +147,20 @@ nlohmann::json ToJson(const Certificate& c) {
                     {"seconds", p.centre.seconds},
                     {"stopped_by_time", p.centre.stopped_by_time}}}};
   }
+  nlohmann::json run = {{"time_limit_s", c.run.budget.enabled() ? nlohmann::json(nullptr) : Num(c.run.time_limit_s)},
+                        {"budget", c.run.budget.enabled() ? nlohmann::json{{"steps", c.run.budget.steps},
+                                                                          {"rounds", c.run.budget.rounds}}
+                                                          : nlohmann::json(nullptr)},
+                        {"tolerance", c.run.tolerance},
+                        {"seed", c.run.seed},
+                        {"threads", c.run.threads}};
+  if (const auto& cal = c.run.calibration)
+    run["time_model"] = {{"interval_probe_s", cal->interval_probe_s},
+                         {"interval_slowdown", cal->interval_slowdown},
+                         {"gemm_probe_s", cal->gemm_probe_s},
+                         {"gemm_slowdown", cal->gemm_slowdown},
+                         {"probe_s", cal->probe_seconds}};
+  j["run"] = run;
   j["numerics"] = {{"rounding_model", c.rounding_model},
                    {"exp_backend", c.exp_backend},
                    {"fp_environment_repaired", c.fp_environment_repaired}};
@@ -130,7 +183,7 @@ std::string Summary(const Certificate& c) {
      << "   gap " << c.gap() << "   [" << CertificateStatusToString(c.status) << ", " << c.elapsed_s << " s]\n";
   os << "  engines:";
   for (const EngineResult& e : c.engines) {
-    os << " " << e.name << "=";
+    os << " " << e.name() << "=";
     if (!e.applied)
       os << "n/a (" << e.note << ")";
     else if (!std::isfinite(e.upper.value()) && !e.note.empty())
@@ -140,7 +193,7 @@ std::string Summary(const Certificate& c) {
   }
   os << "\n";
   if (const EngineResult* w = c.Winner(); w && !w->terms.empty()) {
-    os << "  " << w->name << " =";
+    os << "  " << w->name() << " =";
     for (size_t i = 0; i < w->terms.size(); ++i)
       os << (i ? " + " : " ") << w->terms[i].name << " " << w->terms[i].value.value();
     os << "\n";

@@ -10,6 +10,8 @@
 #include "certify/engine_bound.h"
 #include "certify/input_set.h"
 #include "certify/probable_norm.h"
+#include "certify/run_control.h"
+#include "certify/calibration.h"
 #include "certify/witness.h"
 #include "interval/rounding.h"
 #include "models/attention_layer.h"
@@ -21,8 +23,12 @@ enum class CertificateStatus {
   kTimeLimit,  // stopped by the time limit with open pieces left
   kExhausted,  // every piece bounded, tolerance not reached (engines at their limit)
   kInProgress, // an intermediate (anytime) certificate: the run has not ended
+  kInterrupted,  // stopped by CertifyOptions::stop: the certificate so far (every bound in it holds)
+  kWorkBudget,   // stopped by CertifyOptions::budget (work, not wall clock) with open pieces left
 };
 const char* CertificateStatusToString(CertificateStatus s);
+// The status whose ToString is `name`; false when none is.
+bool StringToCertificateStatus(const std::string& name, CertificateStatus* s);
 
 // Where the numbers came from (everything a reader needs to reproduce the run).
 struct Provenance {
@@ -33,14 +39,33 @@ struct Provenance {
   std::string centre_source;  // "zero", "file.npy", "file.safetensors:x0"
 };
 
+// The engines a certificate names; ToString is the JSON's name.
+enum class EngineId {
+  kClosedFormCastin,   // "closed_form/castin"
+  kClosedFormKim,      // "closed_form/kim"
+  kClosedFormKimInf,   // "closed_form/kim_inf"
+  kBlockNorm,          // "block_norm"
+  kCentred,            // "centred" (branch and bound's pieces)
+  kCentreNorm,         // "centre_norm"
+  kBranchAndBound,     // "branch_and_bound"
+  kPostLnComposition,  // "post_ln_composition"
+  kPostLnCentre,       // "post_ln_centre"
+};
+const char* EngineIdToString(EngineId id);
+// The id whose ToString is `name`; false when none is.
+bool StringToEngineId(const std::string& name, EngineId* id);
+
 struct EngineResult {
-  std::string name;           // "block_norm", "centred", "branch_and_bound", "closed_form/castin", ...
+  EngineId id = EngineId::kBlockNorm;
   UpperBound upper{kInf};     // certified (+inf when the engine does not apply)
   double seconds = 0;
   std::string note;           // why it did not apply, or pieces explored
   bool applied = true;        // false: refused (norm, size), `note` says why
   // The summands of `upper` (certify/engine_bound.h): which term dominates.
   std::vector<BoundTerm> terms;
+  // The centre_norm engine's split of `upper` (certify/engine_bound.h); unset otherwise.
+  std::optional<CentreNormTerms> centre_norm;
+  const char* name() const { return EngineIdToString(id); }
 };
 
 // For the sublayer X + g(X): certified invertible on the set when Lip(g) < 1.
@@ -60,8 +85,21 @@ struct ProbabilisticBound {
   std::string route;          // how value was formed
 };
 
+// What a rerun needs besides the model and the set (the JSON's "run"): with the same
+// budget, seeds and build, a run under a work budget repeats bit for bit; under a time
+// limit, the calibration says how this machine read against the time model's reference.
+struct RunSettings {
+  double time_limit_s = 0;          // not read under a budget
+  WorkBudget budget;                // steps 0: none
+  double tolerance = 0;
+  uint64_t seed = 0;                // the search's
+  int threads = 0;                  // worker threads the stages used
+  std::optional<MachineCalibration> calibration;  // the time model's (none under a budget)
+};
+
 struct Certificate {
   Provenance provenance;
+  RunSettings run;
   // The layer.
   AttentionKind kind = AttentionKind::kDot;
   int d_model = 0, heads = 0, head_dim_qk = 0, head_dim_v = 0, tokens = 0;

@@ -5,11 +5,13 @@
 // certify/pipeline.h puts loading and the input set in front of it.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <string>
 
 #include "certify/certificate.h"
+#include "certify/run_control.h"
 #include "certify/search.h"
 #include "models/attention_layer.h"
 
@@ -25,11 +27,10 @@ struct SearchStageOptions {
 
 // The structured bound engines (block-norm, centred) on the whole set.
 struct EngineStageOptions {
-  int dense_limit = 12288;      // the centre_norm engine certifies J(X0) with one dense
-                                // certificate up to this N*D (if its predicted time fits),
-                                // with token super-blocks above; 0: no centre_norm engine
-                                // (a post-LN layer's post_ln_centre is dense up to
-                                // min(8192, this), deflated above when deflation is on)
+  int dense_limit = kDefaultDenseLimit;  // the largest N*D enclosed densely (certify/
+                                // engine_bound.h): centre_norm certifies J(X0) with one dense
+                                // certificate up to it (if its predicted time fits), token
+                                // super-blocks above; 0: no centre_norm engine
   int deflation_vectors = 1000; // above dense_limit (no LayerNorm): deflate the super-blocks
                                 // with up to this many Lanczos vectors, as many as the time
                                 // left fits (not anytime; 0: off)
@@ -53,7 +54,18 @@ struct BranchStageOptions {
 
 struct CertifyOptions {
   NormKind norm = NormKind::kL2;
-  double time_limit_s = 30;     // the whole run, wall clock; every stage checks it
+  double time_limit_s = 30;     // the whole run, wall clock; every stage checks it (not
+                                // read when budget is enabled)
+  // Work instead of the wall clock (certify/run_control.h): search rounds, branch-and-bound
+  // pieces, and the engines' choices by size alone; the run repeats bit for bit. Its seeds
+  // are fixed too (probabilistic.seed 0 becomes seed + 1). Status work_budget when the
+  // pieces ran out before the tolerance.
+  WorkBudget budget;
+  // When it points to true, every stage ends at its next check as at the time limit, and
+  // the certificate so far is returned with status interrupted (every bound in it holds).
+  // Owned by the caller, who may set it from any thread (a signal handler, a Python
+  // KeyboardInterrupt).
+  const std::atomic<bool>* stop = nullptr;
   double tolerance = 0.01;      // stop when upper <= (1 + tolerance) * lower
   uint64_t seed = 1;            // the search's randomness
   int threads = 0;              // worker threads for every stage; 0: all cores

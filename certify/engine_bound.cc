@@ -17,6 +17,7 @@ EngineBound TimedOutBound(const std::string& engine) {
 }
 
 bool DeadlinePassed(const BoundOptions& opts) {
+  if (StopRequested(opts.stop)) return true;
   return opts.deadline != std::chrono::steady_clock::time_point::max() &&
          std::chrono::steady_clock::now() >= opts.deadline;
 }

@@ -11,6 +11,8 @@
 #include "certify/dense_jacobian.h"
 #include "certify/probable_norm.h"
 #include "certify/search.h"
+#include "certify/stages.h"
+#include "certify/time_model.h"
 #include "certify/witness_eval.h"
 #include "interval/norms.h"
 #include "models/forward.h"
@@ -18,9 +20,6 @@
 namespace lipcert {
 
 namespace {
-
-using Clock = std::chrono::steady_clock;
-double SecondsSince(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
 // The post-LN's LayerNorm factors over a cover of Y: the pre-LN machinery (MhaInputOver) on a
 // layer whose pre-LN carries the post-LN's parameters. ell: sup ||J_LN||_p per token; ln_jac:
@@ -71,7 +70,8 @@ PostLayerNormBound ComposePostLayerNorm(const AttentionLayer& L, const TokenCove
   return out;
 }
 
-// Two (ND)^2 interval enclosures (4 (ND)^2 doubles) at N*D = 8192 are 2 GiB.
+// The post-LN centre's cap on dense_limit, for memory: two (ND)^2 interval enclosures
+// (4 (ND)^2 doubles) at N*D = 8192 are 2 GiB.
 constexpr int kPostLnDenseLimit = 8192;
 namespace {
 // Whether post_ln_centre encloses J_f densely at this N*D (else: deflated super-blocks).
@@ -94,10 +94,9 @@ EngineBound PostLnDeflatedCentreBound(const AttentionLayer& L, const Eigen::Matr
   co.deadline = opts.deadline;
   co.dense_limit = 0;
   co.deflation_vectors = opts.deflation_vectors;
-  // J_LN into every block: 6 D (N D)^2 flops (interval products) at about 2.5e10 per second.
-  const double nd = double(n) * d;
-  const double compose_s = 6.0 * d * nd * nd / 2.5e10;
-  const int k = DeflationVectorsThatFit(mha, n, co, compose_s);
+  // J_LN into every block (certify/time_model.h); under a work budget the vectors asked for.
+  const int k = opts.by_work ? std::min<int>(opts.deflation_vectors, n * d)
+                             : DeflationVectorsThatFit(mha, n, co, PostLnComposeSeconds(n, d));
   if (k == 0) {
     EngineBound out = TimedOutBound(kName);
     out.note = opts.deflation_vectors > 0 ? "deflated super-blocks: fewer than 32 vectors fit before the deadline (not started)"
@@ -192,9 +191,9 @@ namespace {
 
 // A few power iterations of J_f^T J_f at x from v (norm 2): a direction to re-evaluate.
 Eigen::MatrixXd PowerDirection(const AttentionLayer& L, const Eigen::MatrixXd& x, Eigen::MatrixXd v, int steps,
-                               Clock::time_point until) {
+                               Clock::time_point until, const std::atomic<bool>* stop) {
   const LayerState<double> s = Evaluate<double>(L, x);
-  for (int k = 0; k < steps && Clock::now() < until; ++k) {
+  for (int k = 0; k < steps && Clock::now() < until && !StopRequested(stop); ++k) {
     const Eigen::MatrixXd w = Vjp<double>(L, s, Jvp<double>(L, s, v));
     const double nw = w.norm();
     if (!(nw > 0) || !std::isfinite(nw)) break;
@@ -227,188 +226,235 @@ Eigen::MatrixXd InfDirection(const AttentionLayer& L, const Eigen::MatrixXd& x, 
 
 }  // namespace
 
-Certificate CertifyPostLayerNorm(const AttentionLayer& L, const InputSet& set, const CertifyOptions& o,
-                                 const Provenance& provenance) {
-  if (!L.post_ln()) throw std::invalid_argument("post_ln: the layer has no post-LN LayerNorm");
-  const auto start = Clock::now();
-  const AttentionLayer mha = L.WithoutPostLayerNorm();
-  // The MHA alone: 80% of the time in norm 2 (it sizes the cover of Y), split with the
-  // norm asked for when that is inf; the rest for the witness on f.
-  CertifyOptions mo = o;
-  mo.on_improvement = nullptr;
+// ---- The post-LN stages of Certify (certify/stages.h). ----
+
+namespace {
+
+// post_ln_centre runs: norm 2, no pre-LN as well, and dense or (with deflation on) deflated.
+bool DenseCentre(const CertifyRun& run) {
+  const CertifyOptions& o = run.opts;
+  const bool deflated = !PostLnDense(long(run.set.center.size()), o.engines.dense_limit);
+  return o.norm == NormKind::kL2 && !run.layer.layer_norm && (!deflated || o.engines.deflation_vectors > 0);
+}
+bool Deflated(const CertifyRun& run) { return !PostLnDense(long(run.set.center.size()), run.opts.engines.dense_limit); }
+// The seconds from now to `fraction` of the time limit.
+double Until(const CertifyRun& run, double fraction) { return fraction * run.opts.time_limit_s - run.clock.Elapsed(); }
+
+// The certificate's engines: the composition, then post_ln_centre where it runs (or, in a
+// certificate in progress, where it has a bound).
+void SetEngines(CertifyRun& run, const EngineResult& composition, bool final_list) {
+  Certificate& c = run.cert;
+  c.engines = {composition};
+  c.upper_bound = composition.upper;
+  EngineResult centre = run.post_ln.centre;
+  if (!final_list && !centre.applied) return;
+  if (!DenseCentre(run)) return;
+  if (centre.note.empty() && !centre.applied) centre.note = "did not run";
+  c.engines.push_back(centre);
+  if (centre.upper.value() < c.upper_bound.value()) c.upper_bound = centre.upper;
+}
+
+// The composed bound from MHA's bounds so far (norm 2 for the cover of Y, norm p for the
+// factor), into the certificate in progress when it improves it.
+void ComposeSoFar(CertifyRun& run, UpperBound mha_l2, UpperBound mha_p) {
+  const auto [b, seconds] = Timed([&] { return ComposePostLayerNorm(run.layer, run.cover, mha_l2, mha_p, run.opts.norm); });
+  if (!(b.upper.value() < run.cert.upper_bound.value())) return;
+  SetEngines(run, {EngineId::kPostLnComposition, b.upper, seconds, "in progress: MHA's certificate so far", true, {}, {}},
+             false);
+  run.Improved("post_ln_composition");
+}
+
+}  // namespace
+
+// In norm 2, J_f(X0) itself is certified densely up to the dense size, by deflated
+// super-blocks above it (PostLnCentreBound). At a point it runs first (until 70% of the
+// limit; 85% for the deflated route, whose vectors are what the time buys); over a set
+// after MHA's certificate (whose centre_norm variation it needs), until 85%.
+bool PostLnCentreAtPointApplies(const CertifyRun& run) { return DenseCentre(run) && run.set.radius == 0; }
+double PostLnCentreAtPointSeconds(const CertifyRun& run) { return Until(run, Deflated(run) ? 0.85 : 0.7); }
+bool PostLnCentreOverSetApplies(const CertifyRun& run) { return DenseCentre(run) && run.set.radius != 0; }
+double PostLnCentreOverSetSeconds(const CertifyRun& run) { return Until(run, 0.85); }
+
+void RunPostLnCentre(CertifyRun& run, double seconds) {
+  BoundOptions bo = BoundOptionsOf(run.opts, After(Clock::now(), seconds));
+  bo.norm = NormKind::kL2;
+  const auto [e, s] = Timed([&] { return PostLnCentreBound(run.layer, run.set.center, bo); });
+  EngineResult& centre = run.post_ln.centre;
+  centre = {EngineId::kPostLnCentre, e.upper, s, "", !e.timed_out, e.terms, {}};
+  if (e.timed_out) centre.note = e.note.empty() ? "did not finish before its deadline" : e.note;
+  if (run.set.radius == 0 && centre.applied && centre.upper.value() < run.cert.upper_bound.value()) {
+    run.cert.engines = {centre};
+    run.cert.upper_bound = centre.upper;
+    run.Improved("post_ln_centre");
+  }
+}
+
+// MHA's certificate: 80% of the time in norm 2 (it sizes the cover of Y), split with the
+// norm asked for when that is inf. At a point where post_ln_centre ran first, 40% of the
+// limit or half of what is left, whichever is less (10% once J_f(X0) is certified: the
+// composed bound can only be looser); over a set before post_ln_centre, half of the limit.
+double MhaSeconds(const CertifyRun& run) {
+  const double limit = run.opts.time_limit_s;
+  if (!DenseCentre(run)) return 0.8 * limit;
+  if (run.set.radius != 0) return 0.5 * limit;
+  const bool centred = run.post_ln.centre.applied && run.post_ln.centre.id == EngineId::kPostLnCentre;
+  return std::max(0.05, std::min((centred ? 0.1 : 0.4) * limit, 0.5 * (limit - run.clock.Elapsed())));
+}
+
+// MHA alone through the stages of a layer without post-LN, each improvement composed into
+// the sublayer's certificate in progress (anytime, like the rest).
+void RunMhaCertificates(CertifyRun& run, double seconds) {
+  const AttentionLayer mha = run.layer.WithoutPostLayerNorm();
+  const bool two = run.opts.norm != NormKind::kL2;
+  CertifyOptions mo = run.opts;
   mo.progress = false;  // its figures are MHA's, not f's
   mo.norm = NormKind::kL2;
-  // In norm 2, J_f(X0) itself is certified densely up to the dense size, by deflated
-  // super-blocks above it (PostLnCentreBound). At a point it runs first (until 70% of the
-  // limit; 85% for the deflated route, whose vectors are what the time buys), and MHA's
-  // certificate then gets 40% of the limit or half of what is left, whichever is less (10%
-  // once J_f(X0) is certified: the composed bound can only be looser). Over a set, MHA's
-  // certificate runs first with half of the limit (its bound and its centre_norm variation
-  // enter the variation of J_f below), then the centre until 85%.
-  const bool deflated_centre = !PostLnDense(long(set.center.size()), o.engines.dense_limit);
-  const bool dense_centre = o.norm == NormKind::kL2 && !mha.layer_norm && (!deflated_centre || o.engines.deflation_vectors > 0);
-  const bool at_point = set.radius == 0;
-  EngineResult dense{"post_ln_centre", UpperBound(kInf), 0, "", false, {}};
-  const auto run_dense = [&](double until) {
-    const auto t0 = Clock::now();
-    BoundOptions bo;
-    bo.threads = o.threads;
-    bo.deflation_vectors = o.engines.deflation_vectors;
-    bo.dense_limit = o.engines.dense_limit;
-    bo.deadline = start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(until * o.time_limit_s));
-    const EngineBound e = PostLnCentreBound(L, set.center, bo);
-    dense.upper = e.upper;
-    dense.applied = !e.timed_out;
-    dense.terms = e.terms;
-    dense.note = e.timed_out ? (e.note.empty() ? "did not finish before its deadline" : e.note) : "";
-    dense.seconds = SecondsSince(t0);
+  mo.time_limit_s = run.by_work() ? run.opts.time_limit_s : seconds / (two ? 2 : 1);
+  mo.on_improvement = [&](const Certificate& m) {
+    if (!two) ComposeSoFar(run, m.upper_bound, m.upper_bound);
+    else if (run.post_ln.mha_l2) ComposeSoFar(run, run.post_ln.mha_l2->upper_bound, m.upper_bound);
   };
-  if (dense_centre && at_point) run_dense(deflated_centre ? 0.85 : 0.7);
-  mo.time_limit_s = o.norm == NormKind::kL2 ? 0.8 * o.time_limit_s : 0.4 * o.time_limit_s;
-  if (dense_centre && at_point)
-    mo.time_limit_s = std::max(0.05, std::min((dense.applied ? 0.1 : 0.4) * o.time_limit_s,
-                                              0.5 * (o.time_limit_s - SecondsSince(start))));
-  if (dense_centre && !at_point) mo.time_limit_s = 0.5 * o.time_limit_s;
-  const Certificate c2 = Certify(mha, set, mo, provenance);
-  Certificate cp = c2;
-  if (o.norm != NormKind::kL2) {
-    mo.norm = o.norm;
-    cp = Certify(mha, set, mo, provenance);
+  run.post_ln.mha_l2 = Certify(mha, run.set, mo, run.provenance);
+  if (two) {
+    mo.norm = run.opts.norm;
+    run.post_ln.mha_p = Certify(mha, run.set, mo, run.provenance);
   }
-  if (dense_centre && !at_point) run_dense(0.85);
-  const TokenCover cover = CoverOf(set);
-  const auto t_compose = Clock::now();
-  const PostLayerNormBound b = ComposePostLayerNorm(L, cover, c2.upper_bound, cp.upper_bound, o.norm);
-  const double compose_s = SecondsSince(t_compose);
-  if (dense_centre && !at_point && dense.applied) {
-    // Over the set, with yc the centre of the cover of Y (the same as the centre route's:
-    // both enclose X0 + MHA(X0) alike) and J_LN(Y) = J_LN(yc) + Delta, ||Delta|| <= delta_ln:
-    //   J_f(X) = J_LN(yc)(I + J_M(X0)) + J_LN(yc)(J_M(X) - J_M(X0)) + Delta (I + J_M(X)),
-    //   sup_S ||J_f|| <= ||J_LN(yc)(I + J_M(X0))|| + ln_upper V_M + delta_ln (1 + U_M),
-    // V_M the centre_norm engine's certified variation of MHA, U_M MHA's certified bound.
-    const EngineResult* cn = nullptr;
-    for (const EngineResult& e : c2.engines)
-      if (e.name == "centre_norm" && e.applied && std::isfinite(e.upper.value()) && e.terms.size() > 1) cn = &e;
-    const auto same_centre = [&] {  // the cover of Y at radius 0 has b's centre
-      return ComposePostLayerNorm(L, CoverOf(InputSet{set.kind, set.center, 0.0}), UpperBound(0), UpperBound(0),
-                                  NormKind::kL2).y_cover.center == b.y_cover.center;
-    };
-    if (!cn) {
-      dense.applied = false;
-      dense.upper = UpperBound(kInf);
-      dense.note = "MHA's certificate has no centre_norm variation to add to the centre";
-    } else if (!std::isfinite(b.upper.value()) || !same_centre()) {
-      dense.applied = false;
-      dense.upper = UpperBound(kInf);
-      dense.note = "no cover of Y";
-    } else {
-      double variation = 0;
-      for (size_t i = 1; i < cn->terms.size(); ++i) variation = AddUp(variation, cn->terms[i].value.value());
-      const double delta_ln = PostLnFactorsOver(L, b.y_cover, NormKind::kL2).delta_ln.maxCoeff();
-      const UpperBound centre = dense.terms.at(0).value;
-      const UpperBound through_mha(MulUp(b.ln_upper.value(), variation));
-      const UpperBound through_ln(MulUp(delta_ln, AddUp(1.0, c2.upper_bound.value())));
-      dense.terms = {{dense.terms.at(0).name, centre},
-                     {"ln_upper x MHA variation (centre_norm)", through_mha},
-                     {"sup ||J_LN(Y) - J_LN(Yc)|| x (1 + mha_upper)", through_ln}};
-      dense.upper = UpperBound(AddUp(AddUp(centre.value(), through_mha.value()), through_ln.value()));
-    }
-  }
+  const Certificate& cp = two ? *run.post_ln.mha_p : *run.post_ln.mha_l2;
+  ComposeSoFar(run, run.post_ln.mha_l2->upper_bound, cp.upper_bound);
+}
 
-  Certificate c = cp;  // the layer's shape, the set, the numerics and provenance
-  c.layer_norm = false;
-  c.post_layer_norm = true;
-  c.invertibility = {};  // the invertibility of X + g(X) is a pre-LN notion
-  c.engines.clear();
-  c.upper_bound = b.upper;
-  const auto engines_of = [](const Certificate& m) {
-    std::string s;
-    for (const EngineResult& e : m.engines)
-      if (e.applied && e.upper.value() == m.upper_bound.value()) return e.name;
-    return s;
+namespace {
+
+// Over the set, with yc the centre of the cover of Y (the same as the centre route's: both
+// enclose X0 + MHA(X0) alike) and J_LN(Y) = J_LN(yc) + Delta, ||Delta|| <= delta_ln:
+//   J_f(X) = J_LN(yc)(I + J_M(X0)) + J_LN(yc)(J_M(X) - J_M(X0)) + Delta (I + J_M(X)),
+//   sup_S ||J_f|| <= ||J_LN(yc)(I + J_M(X0))|| + ln_upper V_M + delta_ln (1 + U_M),
+// V_M the centre_norm engine's certified variation of MHA, U_M MHA's certified bound.
+void AddVariationToCentre(const CertifyRun& run, const PostLayerNormBound& b, EngineResult* centre) {
+  const AttentionLayer& L = run.layer;
+  const Certificate& c2 = *run.post_ln.mha_l2;
+  const EngineResult* cn = nullptr;
+  for (const EngineResult& e : c2.engines)
+    if (e.id == EngineId::kCentreNorm && e.applied && e.centre_norm && std::isfinite(e.upper.value())) cn = &e;
+  const auto same_centre = [&] {  // the cover of Y at radius 0 has b's centre
+    return ComposePostLayerNorm(L, CoverOf(InputSet{run.set.kind, run.set.center, 0.0}), UpperBound(0), UpperBound(0),
+                                NormKind::kL2).y_cover.center == b.y_cover.center;
   };
+  if (!cn || !std::isfinite(b.upper.value()) || !same_centre()) {
+    centre->applied = false;
+    centre->upper = UpperBound(kInf);
+    centre->note = !cn ? "MHA's certificate has no centre_norm variation to add to the centre" : "no cover of Y";
+    return;
+  }
+  const double variation = cn->centre_norm->variation.value();
+  const double delta_ln = PostLnFactorsOver(L, b.y_cover, NormKind::kL2).delta_ln.maxCoeff();
+  const UpperBound at_centre = centre->terms.at(0).value;
+  const UpperBound through_mha(MulUp(b.ln_upper.value(), variation));
+  const UpperBound through_ln(MulUp(delta_ln, AddUp(1.0, c2.upper_bound.value())));
+  centre->terms = {{centre->terms.at(0).name, at_centre},
+                   {"ln_upper x MHA variation (centre_norm)", through_mha},
+                   {"sup ||J_LN(Y) - J_LN(Yc)|| x (1 + mha_upper)", through_ln}};
+  centre->upper = UpperBound(AddUp(AddUp(at_centre.value(), through_mha.value()), through_ln.value()));
+}
+
+// The engine of MHA's certificate whose bound is the certificate's ("" when none).
+std::string WinnerName(const Certificate& m) {
+  for (const EngineResult& e : m.engines)
+    if (e.applied && e.upper.value() == m.upper_bound.value()) return e.name();
+  return "";
+}
+
+}  // namespace
+
+// sup ||J_LN|| (1 + MHA's bound) over the cover of Y, and over a set post_ln_centre with
+// MHA's variation added; the certificate's bound is the smaller.
+void RunPostLnComposition(CertifyRun& run, double) {
+  const Certificate& c2 = *run.post_ln.mha_l2;
+  const Certificate& cp = run.post_ln.mha_p ? *run.post_ln.mha_p : c2;
+  const auto [b, compose_s] =
+      Timed([&] { return ComposePostLayerNorm(run.layer, run.cover, c2.upper_bound, cp.upper_bound, run.opts.norm); });
+  if (DenseCentre(run) && run.set.radius != 0 && run.post_ln.centre.applied)
+    AddVariationToCentre(run, b, &run.post_ln.centre);
   std::string note = "ln_upper " + std::to_string(b.ln_upper.value()) + " * (1 + mha_upper " +
-                     std::to_string(cp.upper_bound.value()) + " [" + engines_of(cp) + "])";
-  if (o.norm != NormKind::kL2) note += "; cover from mha_upper(l2) " + std::to_string(c2.upper_bound.value());
-  c.engines.push_back({"post_ln_composition", b.upper, compose_s, note, true, {}});
-  if (dense_centre) {
-    if (dense.note.empty() && !dense.applied) dense.note = "did not run";
-    c.engines.push_back(dense);
-    if (dense.upper.value() < c.upper_bound.value()) c.upper_bound = dense.upper;
-  }
+                     std::to_string(cp.upper_bound.value()) + " [" + WinnerName(cp) + "])";
+  if (run.opts.norm != NormKind::kL2) note += "; cover from mha_upper(l2) " + std::to_string(c2.upper_bound.value());
+  SetEngines(run, {EngineId::kPostLnComposition, b.upper, compose_s, note, true, {}, {}}, true);
+  run.cert.pieces_explored = cp.pieces_explored;  // MHA's branch and bound
+  run.cert.open_pieces = cp.open_pieces;
+  run.Improved("post_ln_composition");
+}
 
-  // Beside the certificate: at a point (radius 0), ||J_f(X0)||_2 by randomized Lanczos on f
-  // itself. Over a set there is no certified variation of J_f to add it to, so none.
-  c.probabilistic.reset();
-  if (o.probabilistic.enabled && o.norm == NormKind::kL2 && set.radius == 0) {
-    ProbableNormOptions po;
-    po.failure_probability = o.probabilistic.failure_probability;
-    po.time_limit_s = std::max(0.05, o.probabilistic.share * o.time_limit_s);
-    po.seed = o.probabilistic.seed;
-    ProbabilisticBound p;
-    p.centre = ProbableJacobianNormUpper(L, set.center, po);
-    p.failure_probability = po.failure_probability;
-    p.value = p.centre.value;
-    p.route = "the centre: randomized Lanczos on LN(X + MHA(X))";
-    c.probabilistic = p;
-  }
+// Beside the certificate: at a point (radius 0), ||J_f(X0)||_2 by randomized Lanczos on f
+// itself. Over a set there is no certified variation of J_f to add it to, so none.
+bool PostLnProbabilisticApplies(const CertifyRun& run) {
+  return run.opts.probabilistic.enabled && run.opts.norm == NormKind::kL2 && run.set.radius == 0;
+}
+double PostLnProbabilisticSeconds(const CertifyRun& run) {
+  return std::max(0.05, run.opts.probabilistic.share * run.opts.time_limit_s);
+}
+void RunPostLnProbabilistic(CertifyRun& run, double seconds) {
+  const ProbableNormOptions po = ProbableNormOptionsOf(run.opts, seconds);
+  ProbabilisticBound p;
+  p.centre = ProbableJacobianNormUpper(run.layer, run.set.center, po);
+  p.failure_probability = po.failure_probability;
+  p.value = p.centre.value;
+  p.route = "the centre: randomized Lanczos on LN(X + MHA(X))";
+  run.cert.probabilistic = p;
+}
 
-  // Witness on f: every candidate re-evaluated rigorously at a point certainly in the set.
-  c.lower_bound = LowerBound(0);
-  c.witness = Witness{};
+// The witness on f: the centre and MHA's witnesses, each with MHA's direction and with a
+// few power iterations of J_f^T J_f from it (norm 2; in the inf norm the largest row's
+// signs), every candidate re-evaluated rigorously at a point certainly in the set.
+void RunPostLnWitness(CertifyRun& run, double seconds) {
+  const AttentionLayer& L = run.layer;
+  const InputSet& set = run.set;
+  const NormKind norm = run.opts.norm;
+  Certificate& c = run.cert;
   const auto consider = [&](const Eigen::MatrixXd& x, const Eigen::MatrixXd& v, const std::string& origin) {
     if (!x.allFinite() || !v.allFinite() || v.cwiseAbs().maxCoeff() == 0 || !CertainlyInSet(set, x)) return;
-    const LowerBound lb = WitnessLowerBound(L, x, v, o.norm);
+    const LowerBound lb = WitnessLowerBound(L, x, v, norm);
     if (lb.value() > c.lower_bound.value()) {
       c.lower_bound = lb;
       c.witness = Witness{x, v, lb.value(), lb, origin};
     }
   };
+  const Certificate& c2 = *run.post_ln.mha_l2;
+  const Certificate& cp = run.post_ln.mha_p ? *run.post_ln.mha_p : c2;
   std::vector<std::pair<Eigen::MatrixXd, std::string>> points = {{set.center, "centre"}};
   if (cp.witness.x.size()) points.push_back({cp.witness.x, "mha:" + cp.witness.origin});
-  if (c2.witness.x.size() && o.norm != NormKind::kL2) points.push_back({c2.witness.x, "mha:" + c2.witness.origin});
+  if (c2.witness.x.size() && norm != NormKind::kL2) points.push_back({c2.witness.x, "mha:" + c2.witness.origin});
+  const Clock::time_point until = run.by_work() ? kNoDeadline : After(Clock::now(), seconds);
   for (const auto& [x, origin] : points) {
     const Eigen::MatrixXd v0 = cp.witness.v.size() ? cp.witness.v : Eigen::MatrixXd::Ones(x.rows(), x.cols());
     consider(x, v0, origin);
-    if (SecondsSince(start) > o.time_limit_s) break;
+    if (Clock::now() > until || run.stopped()) break;
     // At a point the centre's top singular vector is the witness: power steps converge as
     // (sigma_2 / sigma_1)^2 per step, about 0.94 on MiniLM, so a point set gets more of them.
-    const Eigen::MatrixXd v2 = PowerDirection(L, x, v0 / v0.norm(), set.radius == 0 ? 200 : 30,
-                                              start + std::chrono::duration_cast<Clock::duration>(
-                                                          std::chrono::duration<double>(o.time_limit_s)));
-    if (o.norm == NormKind::kL2)
+    const Eigen::MatrixXd v2 = PowerDirection(L, x, v0 / v0.norm(), set.radius == 0 ? 200 : 30, until, run.opts.stop);
+    if (norm == NormKind::kL2)
       consider(x, v2, "power:" + origin);
     else
       consider(x, InfDirection(L, x, v2), "row:" + origin);
   }
-  // The search on f itself with what is left: its ascent follows MHA's Jacobian (the
-  // kernels evaluator knows MHA only), its final witness is re-evaluated on f.
-  const bool met = c.upper_bound.value() <= MulDown(c.lower_bound.value(), 1 + o.tolerance);
-  if (const double left = 0.9 * (o.time_limit_s - SecondsSince(start)); left > 0.05 && !met) {
-    SearchOptions so;
-    so.norm = o.norm;
-    so.seed = o.seed;
-    so.threads = o.threads;
-    so.max_rounds = o.search.max_rounds;
-    so.time_limit_s = left;
-    so.stop_at = c.upper_bound.value() / (1 + o.tolerance);
-    const Witness w = SearchLowerBound(L, set, so).best;
-    if (w.lower_bound.value() > c.lower_bound.value()) {
-      c.lower_bound = w.lower_bound;
-      c.witness = w;
-      c.witness.origin = "search:" + w.origin;
-    }
+  run.Improved("witness");
+}
+
+// The search on f itself with 90% of what is left: its ascent follows MHA's Jacobian (the
+// kernels evaluator knows MHA only), its final witness is re-evaluated on f.
+bool PostLnSearchApplies(const CertifyRun& run) {
+  return !run.ToleranceMet() && (run.by_work() || PostLnSearchSeconds(run) > 0.05);
+}
+double PostLnSearchSeconds(const CertifyRun& run) { return 0.9 * (run.opts.time_limit_s - run.clock.Elapsed()); }
+void RunPostLnSearch(CertifyRun& run, double seconds) {
+  SearchOptions so = SearchOptionsOf(run.opts, seconds);
+  so.stop_at = run.cert.upper_bound.value() / (1 + run.opts.tolerance);
+  const Witness w = SearchLowerBound(run.layer, run.set, so).best;
+  if (w.lower_bound.value() > run.cert.lower_bound.value()) {
+    run.cert.lower_bound = w.lower_bound;
+    run.cert.witness = w;
+    run.cert.witness.origin = "search:" + w.origin;
+    run.Improved("search");
   }
-  // The certified bound holds with probability 1: the probabilistic one is never above it.
-  if (c.probabilistic && c.upper_bound.value() < c.probabilistic->value) {
-    c.probabilistic->value = c.upper_bound.value();
-    c.probabilistic->route = "the certified bound (below the probabilistic route)";
-  }
-  c.status = c.upper_bound.value() <= MulDown(c.lower_bound.value(), 1 + o.tolerance) ? CertificateStatus::kTolerance
-                                                                                     : cp.status;
-  c.elapsed_s = SecondsSince(start);
-  if (o.on_improvement) o.on_improvement(c);
-  return c;
 }
 
 }  // namespace lipcert

@@ -42,15 +42,9 @@ PostLayerNormBound ComposePostLayerNorm(const AttentionLayer& layer, const Token
 // J_f itself, as many as fit before the deadline: opts.deflation_vectors at most, none below
 // 32; docs/engines.md, "Deflation"), and ||J_MHA|| from its Frobenius norm.
 // The layer must have no pre-LN. Timed out (upper +inf) once opts.deadline passes.
-// CertifyPostLayerNorm also uses its first term over a set, adding sup ||J_LN|| times MHA's
-// certified centre_norm variation and sup ||J_LN(Y) - J_LN(yc)|| (1 + MHA's bound).
+// Certify's post-LN stages (certify/stages.h) also use its first term over a set, adding
+// sup ||J_LN|| times MHA's certified centre_norm variation and sup ||J_LN(Y) - J_LN(yc)||
+// (1 + MHA's bound).
 EngineBound PostLnCentreBound(const AttentionLayer& layer, const Eigen::MatrixXd& x0, const BoundOptions& opts);
-
-// Certify() for a post-LN layer: the MHA-only layer is certified (norm 2, and the norm
-// asked for when it is inf) with most of the time, the bounds composed, and the witness
-// (the MHA's witness and power iterations of J_f^T J_f at it and at the centre) evaluated
-// rigorously on f itself. Called by Certify() for layers with post_layer_norm.
-Certificate CertifyPostLayerNorm(const AttentionLayer& layer, const InputSet& set, const CertifyOptions& opts,
-                                 const Provenance& provenance);
 
 }  // namespace lipcert

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <chrono>
+
+#include "certify/run_control.h"
 #include <cmath>
 #include <functional>
 #include <memory>
@@ -163,7 +165,7 @@ ProbableUpperBound ProbableJacobianNormUpper(const AttentionLayer& layer, const 
     }
     if (r.value <= o.target_ratio * r.ritz_sigma || m == kmax) break;
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    if (seconds >= o.time_limit_s) {
+    if (seconds >= o.time_limit_s || StopRequested(o.stop)) {
       r.stopped_by_time = true;
       break;
     }

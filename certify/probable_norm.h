@@ -28,6 +28,7 @@
 #pragma once
 
 #include <Eigen/Dense>
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -43,6 +44,7 @@ struct ProbableNormOptions {
   double target_ratio = 1.001;        // stop once value <= target_ratio * Ritz estimate
   double time_limit_s = 10;           // wall clock, checked after every step
   uint64_t seed = 0;                  // the start vector's; 0: drawn from std::random_device
+  const std::atomic<bool>* stop = nullptr;  // ends the run after its step when it points to true
   std::string IsValid() const;        // "" or a message naming the field
 };
 

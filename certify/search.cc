@@ -11,6 +11,7 @@
 #include <stdexcept>
 #include <thread>
 
+#include "certify/run_control.h"
 #include "certify/search_ascent.h"
 #include "certify/search_candidates.h"
 #include "certify/search_oracle.h"
@@ -20,7 +21,6 @@
 namespace lipcert {
 namespace {
 
-using Clock = std::chrono::steady_clock;
 using Eigen::MatrixXd;
 using search_parts::AscentResult;
 using search_parts::Candidate;
@@ -101,7 +101,7 @@ class Search {
   Clock::time_point RoundsDeadline() const {
     return deadline_ - std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(6.0 * slowest_top_s_.load()));
   }
-  bool PastDeadline() const { return Clock::now() >= RoundsDeadline(); }
+  bool PastDeadline() const { return StopRequested(opts_.stop) || Clock::now() >= RoundsDeadline(); }
   // The best floating value so far is at least `target`: nothing left for the search to gain.
   bool Reached(double target) const {
     return !elite_.points().empty() && elite_.points().front().pair.value >= target;
@@ -125,7 +125,8 @@ class Search {
       // than the ascent can use, and the rows seen by then still bound it from below.
       bool complete = false;
       centre_exact_ = {set_.center, "centre",
-                       search_parts::ExactInfTop(oracles_, set_.center, t0_ + (deadline_ - t0_) / 2, &complete)};
+                       search_parts::ExactInfTop(oracles_, set_.center, t0_ + (deadline_ - t0_) / 2, &complete,
+                                                 opts_.stop)};
       evaluations_.fetch_add(1);
       cands.front().pair = centre_exact_.pair;
       if (opts_.verbose)
@@ -186,7 +187,8 @@ class Search {
   void AscendAll(int round, const std::vector<Candidate>& starts) {
     std::vector<AscentResult> asc(starts.size());
     ParallelFor(int(starts.size()), threads_, [&](int i, int worker) {
-      asc[i] = search_parts::Ascend(*oracles_[worker], set_, starts[i], opts_.norm, opts_.max_steps, RoundsDeadline());
+      asc[i] = search_parts::Ascend(*oracles_[worker], set_, starts[i], opts_.norm, opts_.max_steps, RoundsDeadline(),
+                                    opts_.stop);
     });
     for (size_t i = 0; i < asc.size(); ++i) {
       evaluations_.fetch_add(asc[i].evaluations);
@@ -206,7 +208,7 @@ class Search {
   // best of them.
   Witness Polish() {
     TopParams fine;
-    fine.dense_limit = 256;
+    fine.exact_up_to = 256;
     fine.iters = 30;
     Witness best;
     best.value = -1;
@@ -270,13 +272,13 @@ std::string ValidateSearchOptions(const SearchOptions& o) {
   return "";
 }
 
-TopDirection TopDirectionAt(const AttentionLayer& layer, const MatrixXd& x, NormKind norm, int dense_limit) {
+TopDirection TopDirectionAt(const AttentionLayer& layer, const MatrixXd& x, NormKind norm, int exact_up_to) {
   if (std::string e = ValidateLayer(layer); !e.empty()) throw std::invalid_argument("layer: " + e);
   if (x.cols() != layer.d_model || x.rows() < 1)
     throw std::invalid_argument("x: must be N x " + std::to_string(layer.d_model));
   const Oracle o(layer, int(x.rows()), search_parts::kFineTol, search_parts::kFineIters);
   TopParams tp;
-  tp.dense_limit = dense_limit;
+  tp.exact_up_to = exact_up_to;
   tp.iters = 30;
   const Pair p = ComputeTop(o, x, norm, nullptr, tp);
   return {p.value, p.u, p.v};

@@ -20,6 +20,7 @@
 #pragma once
 
 #include <Eigen/Dense>
+#include <atomic>
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -48,6 +49,9 @@ struct SearchOptions {
   int centre_inf_row = -1;   // kLinf: a row of J(X0) known to be its largest (e.g. from the
                              // centre_norm engine's enclosure): taken instead of the N*D rows
   bool rigorous = true;      // re-evaluate the final witness in interval arithmetic
+  // When it points to true the search ends as at its time limit (its witness so far is
+  // still polished and evaluated rigorously).
+  const std::atomic<bool>* stop = nullptr;
   bool verbose = false;      // progress lines on stderr
 };
 
@@ -77,11 +81,11 @@ struct TopDirection {
   Eigen::MatrixXd u;         // kL2: J v / sigma (unit); kLinf: e_r
   Eigen::MatrixXd v;         // kL2: unit top right singular vector; kLinf: sign(row_r)
 };
-// Exact (dense) for N*D <= dense_limit, else Lanczos on J^T J through kernels/evaluator.h
+// Exact (the floating Jacobian formed) for N*D <= exact_up_to, else Lanczos on J^T J through kernels/evaluator.h
 // (kL2) or Hager's estimator (kLinf); the value is then ||J v|| / ||v|| for the returned
 // v, a lower bound of the true norm up to rounding.
 TopDirection TopDirectionAt(const AttentionLayer& layer, const Eigen::MatrixXd& x, NormKind norm,
-                            int dense_limit = 256);
+                            int exact_up_to = 256);
 
 // kLinf, exact: max_r ||row_r(J(x))||_1 over all N*D rows of J (N*D VJPs through
 // kernels/evaluator.h, in blocks over `threads` workers, 0 = all cores; the same result for

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "certify/run_control.h"
 #include "certify/search_candidates.h"
 
 namespace lipcert::search_parts {
@@ -10,8 +11,7 @@ namespace lipcert::search_parts {
 using Eigen::MatrixXd;
 
 AscentResult Ascend(const Oracle& o, const InputSet& set, const Candidate& start, NormKind norm,
-                    int max_steps, std::chrono::steady_clock::time_point deadline) {
-  using Clock = std::chrono::steady_clock;
+                    int max_steps, std::chrono::steady_clock::time_point deadline, const std::atomic<bool>* stop) {
   AscentResult res;
   res.x = start.x;
   TopParams tp;
@@ -21,7 +21,7 @@ AscentResult Ascend(const Oracle& o, const InputSet& set, const Candidate& start
   if (!(scale > 0)) return res;
   double eta = 0.1 * scale;
   for (int step = 0; step < max_steps; ++step) {
-    if (Clock::now() >= deadline) break;
+    if (StopRequested(stop) || Clock::now() >= deadline) break;
     const MatrixXd g = PairGradient(o, res.x, res.pair);
     const double gn = g.norm();
     if (!(gn > 0) || !std::isfinite(gn)) break;

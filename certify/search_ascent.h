@@ -4,6 +4,7 @@
 #pragma once
 
 #include <Eigen/Dense>
+#include <atomic>
 #include <chrono>
 
 #include "certify/input_set.h"
@@ -22,7 +23,8 @@ struct AscentResult {
 
 // At most max_steps accepted steps, each trying up to 12 step lengths; stops at the
 // deadline, at a stationary point, or when no step length improves the value.
+// `stop` (when it points to true) ends it as the deadline does.
 AscentResult Ascend(const Oracle& o, const InputSet& set, const Candidate& start, NormKind norm, int max_steps,
-                    std::chrono::steady_clock::time_point deadline);
+                    std::chrono::steady_clock::time_point deadline, const std::atomic<bool>* stop = nullptr);
 
 }  // namespace lipcert::search_parts

@@ -6,6 +6,7 @@
 #include <numeric>
 #include <vector>
 
+#include "certify/run_control.h"
 #include "interval/parallel.h"
 #include "models/forward.h"
 
@@ -82,7 +83,7 @@ MatrixXd SignOf(const MatrixXd& m) {
 Pair ComputeTop(const Oracle& o, const MatrixXd& x, NormKind norm, const Pair* warm, const TopParams& tp) {
   const int n = int(x.rows()), d = int(x.cols()), nd = n * d;
   Pair p;
-  if (nd <= tp.dense_limit) {
+  if (nd <= tp.exact_up_to) {
     const MatrixXd jac = o.Dense(x);
     auto unflat = [&](const Eigen::VectorXd& f) {
       MatrixXd m(n, d);
@@ -149,7 +150,7 @@ Pair ComputeTop(const Oracle& o, const MatrixXd& x, NormKind norm, const Pair* w
 }
 
 Pair ExactInfTop(const std::vector<std::unique_ptr<Oracle>>& oracles, const MatrixXd& x,
-                 std::chrono::steady_clock::time_point deadline, bool* complete) {
+                 std::chrono::steady_clock::time_point deadline, bool* complete, const std::atomic<bool>* stop) {
   const int n = int(x.rows()), d = int(x.cols()), nd = n * d;
   constexpr int kBlock = 32;  // rows per engine call
   const int blocks = (nd + kBlock - 1) / kBlock;
@@ -160,7 +161,7 @@ Pair ExactInfTop(const std::vector<std::unique_ptr<Oracle>>& oracles, const Matr
   std::vector<double> sums(nd, -1.0);  // -1: not computed
   std::atomic<bool> cut{false};
   ParallelFor(blocks, int(oracles.size()), [&](int k, int worker) {
-    if (k > 0 && std::chrono::steady_clock::now() >= deadline) {
+    if (k > 0 && (StopRequested(stop) || std::chrono::steady_clock::now() >= deadline)) {
       cut = true;
       return;
     }

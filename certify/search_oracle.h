@@ -6,6 +6,7 @@
 #pragma once
 
 #include <Eigen/Dense>
+#include <atomic>
 #include <chrono>
 #include <memory>
 #include <vector>
@@ -57,12 +58,13 @@ struct Pair {
 };
 
 struct TopParams {
-  int dense_limit = 16;  // N*D at or below which the Jacobian is formed
+  int exact_up_to = 16;  // N*D at or below which the floating Jacobian is formed (not an
+                         // enclosure: nothing like the engines' dense_limit)
   int iters = 12;        // kLinf: Hager steps = iters / 3 (kL2 follows the engine's rule)
 };
 
 // sigma_1 with its singular pair (kL2), or a large row of J with its sign vector (kLinf:
-// Hager's estimator, started from warm->row when given); exact below tp.dense_limit.
+// Hager's estimator, started from warm->row when given); exact up to tp.exact_up_to.
 Pair ComputeTop(const Oracle& o, const Eigen::MatrixXd& x, NormKind norm, const Pair* warm, const TopParams& tp);
 
 // Gradient of <u, J(x) v> in x (the envelope theorem makes it the gradient of the norm at
@@ -78,9 +80,10 @@ Pair InfRowPair(const Oracle& o, const Eigen::MatrixXd& x, int r);
 // Blocks are taken in a strided order over the tokens and stop at `deadline`: a partial
 // run still returns the best row it computed (any row's sum is a value of ||J v||_inf
 // with v its sign vector), and *complete (if given) says whether every row was seen.
+// `stop` (when it points to true) ends it as the deadline does.
 Pair ExactInfTop(const std::vector<std::unique_ptr<Oracle>>& oracles, const Eigen::MatrixXd& x,
                  std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max(),
-                 bool* complete = nullptr);
+                 bool* complete = nullptr, const std::atomic<bool>* stop = nullptr);
 
 Eigen::MatrixXd SignOf(const Eigen::MatrixXd& m);
 

@@ -31,6 +31,7 @@ Command AddAuditCommand(CLI::App& parent);
 struct CertifyArgs {
   CertifyRequest request;
   std::string set = "ball", norm = "2", json_out, witness_out;
+  std::string budget;             // --budget STEPS[,ROUNDS]
   bool quiet = false;
   bool no_probabilistic = false;  // --no-probabilistic
 };

@@ -29,6 +29,9 @@ void AddCertifyOptions(CLI::App* app, CertifyArgs* a) {
   app->add_option("--relative-radius", r.set.relative_radius, "radius as a fraction of ||X0||_F");
   app->add_option("--norm", a->norm, "2 (Frobenius, spectral norm of J) or inf");
   app->add_option("--time-limit", r.options.time_limit_s, "seconds for the whole run");
+  app->add_option("--budget", a->budget,
+                  "STEPS[,ROUNDS]: bound the run by work instead of the clock (branch-and-bound pieces, search "
+                  "rounds, default 2; the engines choose by size alone): the same certificate on any machine");
   app->add_option("--tolerance", r.options.tolerance, "stop when upper <= (1 + tolerance) lower");
   app->add_option("--search-share", r.options.search.share, "least share of the time limit for the lower-bound search");
   app->add_option("--seed", r.options.seed, "seed of the lower-bound search");
@@ -54,6 +57,8 @@ CertifyRequest ToRequest(const CertifyArgs& a) {
   if (!StringToNormKind(a.norm, &r.options.norm)) throw OptionError("--norm: expected 2 or inf, got '" + a.norm + "'");
   if ((r.set.radius >= 0) == (r.set.relative_radius >= 0))
     throw OptionError("--radius: give exactly one of --radius and --relative-radius (>= 0)");
+  if (!a.budget.empty())
+    if (const std::string e = ParseWorkBudget(a.budget, &r.options.budget); !e.empty()) throw OptionError("--" + e);
   r.options.progress = !a.quiet;
   if (a.no_probabilistic) r.options.probabilistic.enabled = false;
   for (const std::string& out : {a.json_out, a.witness_out}) {

@@ -1,7 +1,7 @@
 // lipcert sweep --model M [--model M2 ...] [--preset P] [--layer I|all]
 //               (--center FILE[:TENSOR] | --center zero --tokens N) --set ball|tokens|box
 //               (--radii R1,R2,... | --relative-radii F1,F2,...) [--tokens-list 4,8,16,32]
-//               [--norm 2|inf] [--attention-only] [--time-limit-per-point S] [--out DIR]
+//               [--norm 2|inf] [--attention-only] [--time-limit-per-point S | --budget STEPS[,ROUNDS]] [--out DIR]
 //               [--validate] [--quiet]
 // Certifies every (model, layer, tokens, radius) point; writes DIR/sweep.json (resumable
 // journal), DIR/sweep.csv, DIR/report.html and DIR/report.md (reports/sweep.h).
@@ -16,7 +16,7 @@ namespace {
 
 struct SweepArgs {
   reports::SweepOptions options;
-  std::string set = "ball", norm = "2";
+  std::string set = "ball", norm = "2", budget;
   bool quiet = false;
 };
 
@@ -41,6 +41,9 @@ Command AddSweepCommand(CLI::App& parent) {
   app->add_option("--norm", a->norm, "2 or inf");
   app->add_flag("--attention-only", o.attention_only, "for a sublayer X + MHA(LN(X)): certify MHA alone");
   app->add_option("--time-limit-per-point", o.time_limit_per_point_s, "seconds per point");
+  app->add_option("--budget", a->budget,
+                  "STEPS[,ROUNDS]: bound each point by work instead of the clock (branch-and-bound pieces, search "
+                  "rounds): the same certificates on any machine");
   app->add_option("--threads", o.threads, "worker threads (0: all cores)");
   app->add_option("--out", o.out_dir, "output folder (created; rerun the same command to resume)");
   app->add_flag("--validate", o.validate, "add the validation section (published results recomputed)");
@@ -50,6 +53,8 @@ Command AddSweepCommand(CLI::App& parent) {
             reports::SweepOptions o = a->options;
             if (!StringToSetKind(a->set, &o.set)) throw OptionError("--set: expected ball, tokens or box, got '" + a->set + "'");
             if (!StringToNormKind(a->norm, &o.norm)) throw OptionError("--norm: expected 2 or inf, got '" + a->norm + "'");
+            if (!a->budget.empty())
+              if (const std::string e = ParseWorkBudget(a->budget, &o.budget); !e.empty()) throw OptionError("--" + e);
             o.progress = !a->quiet;
             o.command_line = reports::ProcessCommandLine();
             const reports::SweepSummary s = reports::RunSweep(o);

@@ -4,7 +4,7 @@
 //
 //   Layer        one AttentionLayer (from arrays or a checkpoint) with its provenance,
 //                its float64 forward pass and a writer in the native safetensors naming
-//   Run          a prepared certify or search job (certify/pipeline.h PrepareJob, as the
+//   Job          a prepared certify or search job (certify/pipeline.h PrepareJob, as the
 //                CLI builds it), run with the GIL released, stoppable from another thread
 //   Certificate  the C++ Certificate: its bounds, witness arrays, ToJson and Summary
 //   run_sweep, render_report   reports/sweep.h and reports/report.h
@@ -26,11 +26,11 @@
 #include <mutex>
 #include <optional>
 #include <string>
-#include <type_traits>
 #include <vector>
 
 #include "certify/certificate.h"
 #include "certify/pipeline.h"
+#include "certify/run_control.h"
 #include "certify/search.h"
 #include "models/centre.h"
 #include "models/errors.h"
@@ -49,26 +49,6 @@ namespace lipcert::python {
 namespace {
 
 using RowMatrix = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-
-// The pipeline's optional controls, used when this build's CertifyOptions has them.
-template <class O>
-concept HasStop = requires(O o) { o.stop; };
-template <class O>
-concept HasBudget = requires(O o) { o.budget; };
-
-// Templates, so that the branch for a member this build lacks is never instantiated.
-template <class O>
-void SetBudget(O& o, double budget) {
-  if constexpr (HasBudget<O>) {
-    o.budget = decltype(o.budget)(budget);
-  } else {
-    throw OptionError("budget: this build of lipcert has no work budget");
-  }
-}
-template <class O>
-void SetStop(O& o, const std::atomic<bool>* stop) {
-  if constexpr (HasStop<O>) o.stop = stop;
-}
 
 // ---- Layer ----
 
@@ -231,15 +211,15 @@ std::optional<Eigen::VectorXd> OptionalVector(const Eigen::VectorXd& v) {
   return v;
 }
 
-// ---- Run: one certify or search job ----
+// ---- Job: one certify or search job ----
 
-struct RunSettings {
+struct JobSettings {
   std::string set = "ball", norm = "2", centre_name = "array";
   double radius = -1, relative_radius = -1;
   double time_limit = 30, tolerance = 0.01, search_share = 0.3;
   uint64_t seed = 1;
   int threads = 0;
-  std::optional<double> budget;
+  std::string budget;  // "" or STEPS[,ROUNDS], read by the CLI's ParseWorkBudget
   bool probabilistic = true;
   double probabilistic_failure = 1e-6;
   uint64_t probabilistic_seed = 0;
@@ -253,9 +233,9 @@ struct Progress {
   std::string status;
 };
 
-class Run {
+class Job {
  public:
-  Run(const Layer& layer, const Eigen::MatrixXd& centre, const RunSettings& s) {
+  Job(const Layer& layer, const Eigen::MatrixXd& centre, const JobSettings& s) {
     CertifyRequest r;
     if (!StringToSetKind(s.set, &r.set.kind))
       throw OptionError("set: expected \"ball\", \"tokens\" or \"box\", got '" + s.set + "'");
@@ -274,8 +254,9 @@ class Run {
     r.options.probabilistic.failure_probability = s.probabilistic_failure;
     r.options.probabilistic.seed = s.probabilistic_seed;
     r.options.engines.deflation_vectors = s.deflation_vectors;
-    if (s.budget) SetBudget(r.options, *s.budget);
-    SetStop(r.options, &stop_);
+    if (!s.budget.empty())
+      if (const std::string e = ParseWorkBudget(s.budget, &r.options.budget); !e.empty()) throw OptionError(e);
+    r.options.stop = &stop_;
     job_ = PrepareJob(r, layer.model, centre);
     if (!layer.note.empty()) job_.note = layer.note;
     notes_ = s.notes;
@@ -307,10 +288,8 @@ class Run {
     return SearchLowerBound(job_.Layer(), job_.set, SearchOnlyOptions(job_));
   }
 
-  // Asks the run to end at its next check (when this build's pipeline has a stop flag).
+  // Asks the run to end at its next check (CertifyOptions::stop).
   void RequestStop() { stop_.store(true); }
-  static bool StopSupported() { return HasStop<CertifyOptions>; }
-  static bool BudgetSupported() { return HasBudget<CertifyOptions>; }
 
   Progress GetProgress() {
     std::lock_guard<std::mutex> lock(mu_);
@@ -336,8 +315,10 @@ class Run {
 // ---- sweeps and reports ----
 
 std::map<std::string, std::string> RunSweepPy(const reports::SweepOptions& in, const std::string& set,
-                                              const std::string& norm) {
+                                              const std::string& norm, const std::string& budget) {
   reports::SweepOptions o = in;
+  if (!budget.empty())
+    if (const std::string e = ParseWorkBudget(budget, &o.budget); !e.empty()) throw OptionError(e);
   if (!StringToSetKind(set, &o.set)) throw OptionError("set: expected \"ball\", \"tokens\" or \"box\", got '" + set + "'");
   if (!StringToNormKind(norm, &o.norm)) throw OptionError("norm: expected 2 or \"inf\", got '" + norm + "'");
   reports::SweepSummary s;
@@ -383,8 +364,8 @@ NB_MODULE(_core, m) {
   using namespace lipcert;
   using namespace lipcert::python;
   m.doc() = "lipcert's C++ core (use the lipcert package, not this module)";
-  // A run interrupted by Ctrl-C in a build without a stop flag may still hold its objects
-  // in a background thread when the interpreter exits: not a leak worth a warning.
+  // After a second Ctrl-C a run may still be ending in its worker thread when the
+  // interpreter exits, holding its objects: not a leak worth a warning.
   nb::set_leak_warnings(false);
 
   nb::register_exception_translator([](const std::exception_ptr& p, void*) {
@@ -442,24 +423,24 @@ NB_MODULE(_core, m) {
       .def("to_json", [](const Certificate& c, int indent) { return ToJson(c).dump(indent); }, "indent"_a = 2)
       .def("summary", [](const Certificate& c) { return Summary(c); });
 
-  nb::class_<RunSettings>(m, "RunSettings")
+  nb::class_<JobSettings>(m, "RunSettings")
       .def(nb::init<>())
-      .def_rw("set", &RunSettings::set)
-      .def_rw("norm", &RunSettings::norm)
-      .def_rw("centre_name", &RunSettings::centre_name)
-      .def_rw("radius", &RunSettings::radius)
-      .def_rw("relative_radius", &RunSettings::relative_radius)
-      .def_rw("time_limit", &RunSettings::time_limit)
-      .def_rw("tolerance", &RunSettings::tolerance)
-      .def_rw("search_share", &RunSettings::search_share)
-      .def_rw("seed", &RunSettings::seed)
-      .def_rw("threads", &RunSettings::threads)
-      .def_rw("budget", &RunSettings::budget)
-      .def_rw("probabilistic", &RunSettings::probabilistic)
-      .def_rw("probabilistic_failure", &RunSettings::probabilistic_failure)
-      .def_rw("probabilistic_seed", &RunSettings::probabilistic_seed)
-      .def_rw("deflation_vectors", &RunSettings::deflation_vectors)
-      .def_rw("notes", &RunSettings::notes);
+      .def_rw("set", &JobSettings::set)
+      .def_rw("norm", &JobSettings::norm)
+      .def_rw("centre_name", &JobSettings::centre_name)
+      .def_rw("radius", &JobSettings::radius)
+      .def_rw("relative_radius", &JobSettings::relative_radius)
+      .def_rw("time_limit", &JobSettings::time_limit)
+      .def_rw("tolerance", &JobSettings::tolerance)
+      .def_rw("search_share", &JobSettings::search_share)
+      .def_rw("seed", &JobSettings::seed)
+      .def_rw("threads", &JobSettings::threads)
+      .def_rw("budget", &JobSettings::budget)
+      .def_rw("probabilistic", &JobSettings::probabilistic)
+      .def_rw("probabilistic_failure", &JobSettings::probabilistic_failure)
+      .def_rw("probabilistic_seed", &JobSettings::probabilistic_seed)
+      .def_rw("deflation_vectors", &JobSettings::deflation_vectors)
+      .def_rw("notes", &JobSettings::notes);
 
   nb::class_<SearchResult>(m, "SearchResult")
       .def_prop_ro("lower_bound", [](const SearchResult& r) { return r.best.lower_bound.value(); })
@@ -473,22 +454,21 @@ NB_MODULE(_core, m) {
       .def_ro("elapsed_s", &SearchResult::elapsed_s)
       .def_ro("best_by_origin", &SearchResult::best_by_origin);
 
-  nb::class_<Run>(m, "Run")
-      .def(nb::init<const Layer&, const Eigen::MatrixXd&, const RunSettings&>(), "layer"_a, "centre"_a,
+  nb::class_<Job>(m, "Run")
+      .def(nb::init<const Layer&, const Eigen::MatrixXd&, const JobSettings&>(), "layer"_a, "centre"_a,
            "settings"_a)
-      .def("certify", &Run::Certify)
-      .def("search", &Run::Search)
-      .def("request_stop", &Run::RequestStop)
+      .def("certify", &Job::Certify)
+      .def("search", &Job::Search)
+      .def("request_stop", &Job::RequestStop)
       .def("progress",
-           [](Run& r) {
+           [](Job& r) {
              const Progress p = r.GetProgress();
              return std::make_tuple(p.improvements, p.upper, p.lower, p.status);
            })
-      .def("latest", &Run::Latest)
-      .def_prop_ro("radius", &Run::Radius)
-      .def_prop_ro("time_limit", &Run::TimeLimit)
-      .def_static("stop_supported", &Run::StopSupported)
-      .def_static("budget_supported", &Run::BudgetSupported);
+      .def("latest", &Job::Latest)
+      .def_prop_ro("radius", &Job::Radius)
+      .def_prop_ro("time_limit", &Job::TimeLimit)
+      ;
 
   nb::class_<reports::SweepOptions>(m, "SweepOptions")
       .def(nb::init<>())
@@ -509,7 +489,7 @@ NB_MODULE(_core, m) {
       .def_rw("progress", &reports::SweepOptions::progress)
       .def_rw("validate", &reports::SweepOptions::validate)
       .def_rw("validation_time_limit", &reports::SweepOptions::validation_time_limit_s);
-  m.def("run_sweep", &RunSweepPy, "options"_a, "set"_a, "norm"_a);
+  m.def("run_sweep", &RunSweepPy, "options"_a, "set"_a, "norm"_a, "budget"_a);
 
   nb::class_<reports::ReportOptions>(m, "ReportOptions")
       .def(nb::init<>())

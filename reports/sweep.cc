@@ -143,6 +143,7 @@ std::string SweepOptions::IsValid() const {
     if (*end != '\0' || v < 0) return "layer: expected a layer index >= 0 or 'all', got '" + layer + "'";
   }
   if (!(time_limit_per_point_s > 0)) return "time_limit_per_point: must be positive";
+  if (const std::string e = budget.IsValid(); !e.empty()) return e;
   if (out_dir.empty()) return "out: give an output folder";
   return "";
 }
@@ -204,6 +205,7 @@ SweepSummary RunSweep(const SweepOptions& o) {
     (relative ? r.set.relative_radius : r.set.radius) = p.radius;
     r.options.norm = o.norm;
     r.options.time_limit_s = o.time_limit_per_point_s;
+    r.options.budget = o.budget;
     r.options.threads = o.threads;
     r.options.progress = false;
     return r;
@@ -253,6 +255,7 @@ SweepSummary RunSweep(const SweepOptions& o) {
               {"radii", radii},
               {"tokens_list", o.tokens_list.empty() ? json::array() : json(o.tokens_list)},
               {"time_limit_per_point_s", o.time_limit_per_point_s},
+              {"budget", o.budget.enabled() ? json(WorkBudgetToString(o.budget)) : json(nullptr)},
               {"layer", o.layer.empty() ? json("only") : json(o.layer)},
               {"models", models_json},
               {"total_points", int(plan.size())},

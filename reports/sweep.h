@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "certify/input_set.h"
+#include "certify/run_control.h"
 #include "reports/report.h"
 
 namespace lipcert::reports {
@@ -32,6 +33,7 @@ struct SweepOptions {
   NormKind norm = NormKind::kL2;
   bool attention_only = false;
   double time_limit_per_point_s = 10;
+  WorkBudget budget;                   // work instead of the clock per point (certify/run_control.h)
   int threads = 0;                     // 0: all cores
   std::string out_dir;                 // created when missing
   std::string command_line;            // recorded in the journal

@@ -48,9 +48,9 @@ void RequireInSet(SetKind kind, const Eigen::MatrixXd& centre, double radius, co
   if (!CertainlyInSet(set, x)) throw std::logic_error("validation: a construction is not certainly in its set");
 }
 
-double Engine(const Certificate& c, const std::string& name) {
+double Engine(const Certificate& c, EngineId id) {
   for (const EngineResult& e : c.engines)
-    if (e.name == name && e.applied) return e.upper.value();
+    if (e.id == id && e.applied) return e.upper.value();
   return INFINITY;
 }
 
@@ -162,7 +162,7 @@ ValidationResult RunValidation(const ValidationOptions& o) {
     const Certificate cd = CertifyOn(dot, SetKind::kTokens, zero, r, NormKind::kL2, o, "unit dot layer, tokens set around 0");
     g.dot_upper = cd.upper_bound.value();
     g.dot_lower = cd.lower_bound.value();
-    g.castin = Engine(cd, "closed_form/castin");
+    g.castin = Engine(cd, EngineId::kClosedFormCastin);
     g.variance_formula = VarianceFormula(n, r * kInside);
     Eigen::MatrixXd e1 = Eigen::MatrixXd::Zero(n, 1);
     e1(0, 0) = 1;
@@ -172,7 +172,7 @@ ValidationResult RunValidation(const ValidationOptions& o) {
     const Certificate cl = CertifyOn(l2, SetKind::kTokens, zero, r, NormKind::kL2, o, "unit L2 layer, tokens set around 0");
     g.l2_upper = cl.upper_bound.value();
     g.l2_lower = cl.lower_bound.value();
-    g.kim = Engine(cl, "closed_form/kim");
+    g.kim = Engine(cl, EngineId::kClosedFormKim);
     res.growth.push_back(g);
   }
   // Kim et al.: the bound against N, and the tightness construction (odd N), norm inf.
@@ -211,7 +211,7 @@ ValidationResult RunValidation(const ValidationOptions& o) {
     const Certificate cert = CertifyOn(dot, SetKind::kTokens, Eigen::MatrixXd::Zero(c.tokens, 1), c.radius,
                                        NormKind::kL2, o, "unit dot layer, B_R^N");
     c.certified_upper = cert.upper_bound.value();
-    c.castin = Engine(cert, "closed_form/castin");
+    c.castin = Engine(cert, EngineId::kClosedFormCastin);
     c.split_tokens = 2 * c.tokens;
     const Eigen::MatrixXd one = UnbalancedInput(1, c.split_tokens - 1, c.radius * kInside);
     const Eigen::MatrixXd two = UnbalancedInput(2, c.split_tokens - 2, c.radius * kInside);

@@ -104,3 +104,19 @@ def norm_name(value):
         if value == math.inf:
             return "inf"
     raise ValueError(f"norm: expected 2 or 'inf', got {value!r}")
+
+
+def budget_text(value):
+    """A work budget as the CLI's --budget reads it: None -> "", STEPS -> "STEPS",
+    (STEPS, ROUNDS) -> "STEPS,ROUNDS"; a "STEPS[,ROUNDS]" string is passed on."""
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, (tuple, list)):
+        if len(value) != 2:
+            raise ValueError(f"budget: expected STEPS or (STEPS, ROUNDS), got {value!r}")
+        steps = integer("budget", value[0], minimum=1)
+        rounds = integer("budget", value[1], minimum=0)
+        return f"{steps},{rounds}"
+    return str(integer("budget", value, minimum=1))

@@ -52,8 +52,7 @@ def _settings(layer, x0, set, radius, relative_radius, norm, time_limit, threads
     s.threads = _arrays.integer("threads", threads, minimum=0)
     s.seed = _arrays.integer("seed", seed, minimum=0)
     s.tolerance = _arrays.real("tolerance", tolerance, minimum=0)
-    if budget is not None:
-        s.budget = _arrays.real("budget", budget, minimum=0, strictly=True)
+    s.budget = _arrays.budget_text(budget)
     s.probabilistic = bool(probabilistic)
     s.probabilistic_seed = _arrays.integer("probabilistic_seed", probabilistic_seed, minimum=0)
     if centre_name is None:
@@ -84,8 +83,10 @@ def certify(layer, x0, set="ball", radius=None, relative_radius=None, norm=2, ti
     radius: R, or relative_radius: R as a fraction of ||X0||_F (exactly one).
     norm: 2 (Frobenius in, Frobenius out: the spectral norm of J) or "inf".
     time_limit: seconds for the whole run; threads: 0 for all cores; seed: the search's.
-    budget: a work budget that makes the run deterministic (same bits as `lipcert certify
-    --budget`), when this build's pipeline has one. tolerance: stop once upper <= (1 +
+    budget: bound the run by work instead of the clock: STEPS (branch-and-bound pieces) or
+    (STEPS, ROUNDS) (and lower-bound search rounds, default 2), as `lipcert certify --budget
+    STEPS[,ROUNDS]`; the certificate is then the same bits on any machine and thread count,
+    and the same as the CLI's. time_limit is not read. tolerance: stop once upper <= (1 +
     tolerance) lower. probabilistic: add the probabilistic (not certified) bound, its random
     start from probabilistic_seed (0: drawn from the OS, recorded). centre_name: how the
     certificate names the centre (default "array").
@@ -102,10 +103,9 @@ def certify(layer, x0, set="ball", radius=None, relative_radius=None, norm=2, ti
         n, upper, lower, _ = run.progress()
         return f"upper {upper:.6g}  lower {lower:.6g}" if n else "bounding"
 
-    def on_interrupt():
+    def on_interrupt():  # every stage ends at its next check; the certificate so far comes back
         run.request_stop()
-        latest = run.latest()
-        return _core.Run.stop_supported(), None if latest is None else latest
+        return True, run.latest()
 
     core, interrupted = run_in_worker(run.certify, progress=progress, label="lipcert certify",
                                       total_s=run.time_limit, poll=poll, on_interrupt=on_interrupt)
@@ -169,14 +169,15 @@ def _as_list(name, value):
 
 
 def sweep(models, centres, radii=None, relative_radii=None, set="ball", norm=2, layer=None, tokens=0,
-          tokens_list=None, preset="auto", heads=0, attention_only=False, time_limit_per_point=10, threads=0,
-          out="lipcert-sweep", validate=False, progress=True):
+          tokens_list=None, preset="auto", heads=0, attention_only=False, time_limit_per_point=10, budget=None,
+          threads=0, out="lipcert-sweep", validate=False, progress=True):
     """Certifies a grid of radii (and N, layers, models) and writes a report (`lipcert sweep`).
 
     models: checkpoint paths or lipcert.Layer objects (a Layer is saved to OUT/layers/ first);
     centres: "zero", FILE[:TENSOR] or arrays (saved to OUT/centres/), one for every model or
     one per model. radii or relative_radii: lists (exactly one). layer: None (the only
-    layer), "all" or an index. Resumes from OUT/sweep.json as the CLI does.
+    layer), "all" or an index. budget: per point, as for certify (instead of
+    time_limit_per_point). Resumes from OUT/sweep.json as the CLI does.
     Returns a dict: json, csv, html, markdown (paths) and total, computed, resumed, seconds.
     """
     model_list = _as_list("models", models)
@@ -206,8 +207,8 @@ def sweep(models, centres, radii=None, relative_radii=None, set="ball", norm=2, 
     o.validate = bool(validate)
     o.progress = bool(progress)
     o.command_line = "python: " + " ".join(shlex.quote(a) for a in sys.argv)
-    summary, _ = run_in_worker(lambda: _core.run_sweep(o, _arrays.choice("set", set, _SETS), _arrays.norm_name(norm)),
-                               progress=False, label="lipcert sweep", total_s=1)
+    args = (o, _arrays.choice("set", set, _SETS), _arrays.norm_name(norm), _arrays.budget_text(budget))
+    summary, _ = run_in_worker(lambda: _core.run_sweep(*args), progress=False, label="lipcert sweep", total_s=1)
     result = {k: summary[k] for k in ("json", "csv", "html", "markdown")}
     result.update({k: int(summary[k]) for k in ("total", "computed", "resumed")})
     result["seconds"] = float(summary["seconds"])

@@ -2,10 +2,11 @@
 
 The C++ call runs in a worker thread with the GIL released; the calling thread polls it
 every 0.1 s, updates the display and is where Python delivers SIGINT. On Ctrl-C the run is
-asked to stop (CertifyOptions::stop, when this build has it) and its final certificate is
-returned: every certificate lipcert reports is sound at any moment, so stopping early only
-widens the gap. Without a stop flag the last improved (in-progress) certificate is
-returned and the worker finishes in the background.
+asked to stop (CertifyOptions::stop: every stage ends at its next check) and its
+certificate so far is returned, status interrupted: every certificate lipcert reports is
+sound at any moment, so stopping early only widens the gap. A second Ctrl-C returns the
+last improved (in-progress) certificate at once, leaving the worker to end in the
+background. Calls with nothing to stop (search, sweep) raise KeyboardInterrupt.
 """
 
 import sys
@@ -75,12 +76,17 @@ def run_in_worker(call, *, progress, label, total_s, poll=None, on_interrupt=Non
     stop returns the fallback when there is one.
     """
     box = {}
+    # The worker's end is signalled by an Event, not read from Thread.is_alive(): a join()
+    # interrupted by KeyboardInterrupt can leave is_alive() False while the thread still runs.
+    done = threading.Event()
 
     def work():
         try:
             box["result"] = call()
         except BaseException as e:  # re-raised in the calling thread
             box["error"] = e
+        finally:
+            done.set()
 
     worker = threading.Thread(target=work, name="lipcert-worker", daemon=True)
     display = _display(label, total_s) if progress else None
@@ -89,9 +95,9 @@ def run_in_worker(call, *, progress, label, total_s, poll=None, on_interrupt=Non
     fallback = None
     worker.start()
     try:
-        while worker.is_alive():
+        while not done.is_set():
             try:
-                worker.join(0.1)
+                done.wait(0.1)
                 if display is not None:
                     text = poll() if poll else None
                     display.update(time.monotonic() - start, text or "")

@@ -82,7 +82,8 @@ def test_arrays_and_checkpoint_agree_on_the_zoo(zoo, zoo_layer):
     y = L.forward(x0)
     np.testing.assert_array_equal(rebuilt.forward(x0), y)
     assert np.all(np.isfinite(y)) and np.linalg.norm(y - x0) > 0
-    # The same certificate bits from both at radius 0 with a tolerance met at once.
+    # The same certificate bits from both (8 tokens, radius 0, a tolerance met at once).
+    x0 = x0[:8]
     a = lipcert.certify(L, x0, radius=0, time_limit=60, tolerance=0.5, progress=False, probabilistic=False)
     b = lipcert.certify(rebuilt, x0, radius=0, time_limit=60, tolerance=0.5, progress=False, probabilistic=False)
     assert a.upper_bound >= a.lower_bound > 0

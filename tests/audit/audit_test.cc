@@ -61,8 +61,9 @@ TEST(AuditFile, CrossProduct) {
   std::set<std::string> keys;
   for (const AuditJob& j : plan.jobs) {
     keys.insert(j.key);
-    EXPECT_EQ(j.request.options.branch_and_bound.max_pieces, 4);
-    EXPECT_EQ(j.request.options.search.max_rounds, 1);
+    EXPECT_EQ(j.request.options.budget.steps, 4);  // the job's work budget (CertifyOptions::budget)
+    EXPECT_EQ(j.request.options.budget.rounds, 1);
+    EXPECT_TRUE(j.request.options.budget.enabled());
     EXPECT_TRUE(j.thresholds.empty());
   }
   EXPECT_EQ(keys.size(), 8u);

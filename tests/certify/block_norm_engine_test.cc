@@ -69,7 +69,7 @@ TEST(BlockNormEngineTest, TokenPermutationLeavesUnmaskedBoundUnchanged) {
 // Certified bounds of L2 attention stop growing with the radius: for layers without
 // LayerNorm, the block-norm bound at radius 1e3 equals the one at 1e4, and stays above the
 // Jacobian norms sampled, in MPFR, at inputs of every scale up to that radius.
-TEST(BlockNormEngineTest, L2BlockBoundIsRadiusFreeAndSound) {
+TEST(BlockNormEngineLongTest, L2BlockBoundIsRadiusFreeAndSound) {
   mpfr::mpreal::set_default_prec(256);
   std::mt19937_64 rng(20261206);
   int checked = 0;

@@ -15,7 +15,7 @@ using namespace testing_util;
 
 // Branch and bound splits the set and covers pieces by its own logic (piece covers,
 // disjointness pruning, parent caps): its bound must dominate the witnesses too.
-TEST(BranchAndBoundTest, SplitBoundsDominateWitnessedLowerBounds) {
+TEST(BranchAndBoundLongTest, SplitBoundsDominateWitnessedLowerBounds) {
   mpfr::mpreal::set_default_prec(256);
   std::mt19937_64 rng(31);
   const int cases = int(150 * TestScale());

@@ -537,7 +537,7 @@ TEST(CentreNormTest, CertifyDeflatesWhenAsked) {
     const Certificate c = Certify(L, set, o, {});
     const EngineResult* cn = nullptr;
     for (const EngineResult& e : c.engines)
-      if (e.name == "centre_norm" && e.applied) cn = &e;
+      if (e.id == EngineId::kCentreNorm && e.applied) cn = &e;
     ASSERT_NE(cn, nullptr) << "case " << t;
     ASSERT_FALSE(cn->terms.empty());
     EXPECT_NE(cn->terms[0].name.find("deflated by"), std::string::npos) << cn->terms[0].name;

@@ -42,8 +42,8 @@ Certificate FullCertificate() {
   c.norm = NormKind::kLinf;
   c.upper_bound = UpperBound(12.5);
   c.lower_bound = LowerBound(10.0);
-  c.engines = {{"block_norm", UpperBound(12.5), 0.5, "", true, {{"attention Jacobian", UpperBound(11.5)}}},
-               {"closed_form/kim", UpperBound(kInf), 0.0, "l2 attention only", false, {}}};
+  c.engines = {{EngineId::kBlockNorm, UpperBound(12.5), 0.5, "", true, {{"attention Jacobian", UpperBound(11.5)}}, {}},
+               {EngineId::kClosedFormKim, UpperBound(kInf), 0.0, "l2 attention only", false, {}, {}}};
   c.witness.origin = "multistart";
   c.witness.value = 10.25;
   c.witness.lower_bound = LowerBound(10.0);
@@ -212,17 +212,25 @@ TEST(CertificateJsonTest, EnumStringsRoundTrip) {
     EXPECT_EQ(back, k);
     ++checked;
   }
-  // CertificateStatus has no StringTo...: its strings are distinct and the documented ones.
+  // Every status's string is distinct, the documented one, and reads back.
   std::set<std::string> statuses;
   for (CertificateStatus s : {CertificateStatus::kTolerance, CertificateStatus::kTimeLimit,
-                              CertificateStatus::kExhausted, CertificateStatus::kInProgress}) {
+                              CertificateStatus::kExhausted, CertificateStatus::kInProgress,
+                              CertificateStatus::kInterrupted, CertificateStatus::kWorkBudget}) {
     Certificate c = FullCertificate();
     c.status = s;
-    statuses.insert(ToJson(c)["status"].get<std::string>());
+    const std::string name = ToJson(c)["status"].get<std::string>();
+    statuses.insert(name);
+    CertificateStatus back = CertificateStatus::kInProgress;
+    ASSERT_TRUE(StringToCertificateStatus(name, &back)) << name;
+    EXPECT_EQ(back, s);
     ++checked;
   }
-  EXPECT_EQ(statuses, (std::set<std::string>{"tolerance_reached", "time_limit", "engines_exhausted", "in_progress"}));
-  EXPECT_EQ(checked, 9);
+  EXPECT_EQ(statuses, (std::set<std::string>{"tolerance_reached", "time_limit", "engines_exhausted", "in_progress",
+                                             "interrupted", "work_budget"}));
+  CertificateStatus unused;
+  EXPECT_FALSE(StringToCertificateStatus("budget", &unused));
+  EXPECT_EQ(checked, 11);
   SetKind sk;
   NormKind nk;
   EXPECT_FALSE(StringToSetKind("sphere", &sk));
@@ -328,8 +336,8 @@ TEST_F(WriteFileAtomicTest, ConcurrentReaderNeverSeesAPartialFile) {
 // reason, and a finite bound as its value.
 TEST(CertificateSummaryTest, RefusedAndTimedOutEnginesReadNotApplicable) {
   Certificate c = FullCertificate();
-  c.engines.push_back({"centre_norm", UpperBound(kInf), 3.0, "centre_norm: deadline passed before the bound was complete",
-                       true, {}});
+  c.engines.push_back({EngineId::kCentreNorm, UpperBound(kInf), 3.0,
+                       "centre_norm: deadline passed before the bound was complete", true, {}, {}});
   const std::string s = Summary(c);
   EXPECT_NE(s.find("block_norm=12.5"), std::string::npos) << s;
   EXPECT_NE(s.find("closed_form/kim=n/a (l2 attention only)"), std::string::npos) << s;

@@ -33,7 +33,7 @@ Eigen::MatrixXd LogProbabilityGradient(const AttentionLayer& L, const Eigen::Mat
 // The softmax ranges of a ball (tangent-plane bounds intersected with the logit box) contain
 // the probabilities, evaluated in MPFR, at the points that push each P_ij hardest: along
 // +-grad log P_ij, along random directions, and with the whole radius on two tokens.
-TEST(HeadFactorsTest, BallProbabilityRangesContainExtremePoints) {
+TEST(HeadFactorsLongTest, BallProbabilityRangesContainExtremePoints) {
   mpfr::mpreal::set_default_prec(256);
   std::mt19937_64 rng(20261203);
   std::normal_distribution<double> gauss(0.0, 1.0);

@@ -15,7 +15,7 @@ namespace {
 
 using namespace testing_util;
 
-TEST(JacobianBoundsTest, UpperBoundsDominateWitnessedLowerBounds) {
+TEST(JacobianBoundsLongTest, UpperBoundsDominateWitnessedLowerBounds) {
   mpfr::mpreal::set_default_prec(256);
   std::mt19937_64 rng(20261202);
   const int cases = int(1000 * TestScale());
@@ -62,7 +62,7 @@ TEST(JacobianBoundsTest, UpperBoundsDominateWitnessedLowerBounds) {
 // starts, rigorously re-evaluated) on random layers and sets with radii up to 10, where the
 // radius-free L2 caps, the P (1 - P) factor and the spread bounds are the active ones.
 // Every engine's bound stays at or above the searched witness.
-TEST(JacobianBoundsTest, EnginesDominateSearchedWitnesses) {
+TEST(JacobianBoundsLongTest, EnginesDominateSearchedWitnesses) {
   std::mt19937_64 rng(20261207);
   const int cases = int(300 * TestScale());
   double tightest = kInf;

@@ -15,7 +15,7 @@ using namespace testing_util;
 // The radius-free bounds of L2 heads hold at points of every scale: in MPFR, the attention
 // blocks P_ij a_ij g_ij^T, the diagonal terms E_i and the row sums stay below them, from
 // inputs much smaller to much larger than the distance where exp(-d^2 / sqrt(dk)) d^2 peaks.
-TEST(L2CapsTest, L2CapsHoldAtEveryScale) {
+TEST(L2CapsLongTest, L2CapsHoldAtEveryScale) {
   mpfr::mpreal::set_default_prec(256);
   std::mt19937_64 rng(20261205);
   std::normal_distribution<double> gauss(0.0, 1.0);

@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cmath>
 #include <string>
 #include <thread>
@@ -67,9 +68,10 @@ TEST(PrepareJobTest, AttentionOnlyOnALayerWithoutLayerNormIsNoted) {
   r.set.relative_radius = -1;
   r.set.radius = 0.1;
   r.set.tokens = 3;
+  r.options.time_limit_s = 1;  // before PrepareJob, which copies the options
   const PreparedJob job = PrepareJob(r);
   EXPECT_NE(job.note.find("no LayerNorm"), std::string::npos) << job.note;
-  r.options.time_limit_s = 1;
+  EXPECT_EQ(job.options.time_limit_s, 1);
   const CertifyOutcome out = RunJob(job);
   ASSERT_EQ(out.certificate.notes.size(), 1u);
   EXPECT_EQ(out.certificate.notes[0], job.note);
@@ -91,7 +93,52 @@ TEST(PrepareJobTest, RefusesBadRequestsNamingTheField) {
   CertifyRequest layer = ZooRequest();
   layer.model.path = std::string(LIPCERT_SOURCE_DIR) + "/tests/data/checkpoints/bert";
   layer.model.layer = 77;
-  EXPECT_NE(ErrorOf([&] { PrepareJob(layer); }), "");
+  const std::string no_layer = ErrorOf([&] { PrepareJob(layer); });
+  EXPECT_EQ(no_layer.rfind("layer:", 0), 0u) << no_layer;
+  EXPECT_NE(no_layer.find("77"), std::string::npos) << no_layer;
+  CertifyRequest budget = ZooRequest();
+  budget.options.budget.steps = 4;
+  budget.options.budget.rounds = 0;
+  EXPECT_EQ(ErrorOf([&] { PrepareJob(budget); }).rfind("budget.rounds:", 0), 0u);
+}
+
+// A work budget: every stage bounded by work, the same certificate for any thread count
+// and any clock; a stop request ends the run with the certificate so far.
+TEST(RunJobTest, WorkBudgetRepeatsAcrossThreadCounts) {
+  CertifyRequest r = ZooRequest();
+  r.options.budget = WorkBudget{3, 1};
+  r.options.time_limit_s = 1e-3;  // not read under a budget
+  PreparedJob job = PrepareJob(r);
+  job.options.threads = 1;
+  const Certificate one = RunJob(job).certificate;
+  job.options.threads = 2;
+  const Certificate two = RunJob(job).certificate;
+  ASSERT_TRUE(std::isfinite(one.upper_bound.value()));
+  EXPECT_GT(one.lower_bound.value(), 0);
+  EXPECT_LE(one.lower_bound.value(), one.upper_bound.value());
+  EXPECT_EQ(one.upper_bound.value(), two.upper_bound.value());
+  EXPECT_EQ(one.lower_bound.value(), two.lower_bound.value());
+  EXPECT_LE(one.pieces_explored, 3);
+  EXPECT_NE(one.status, CertificateStatus::kTimeLimit);
+}
+
+TEST(RunJobTest, StopEndsTheRunWithTheCertificateSoFar) {
+  PreparedJob job = PrepareJob(ZooRequest());
+  std::atomic<bool> stop{false};
+  job.options.stop = &stop;
+  job.options.time_limit_s = 60;
+  double first_upper = INFINITY;
+  int calls = 0;
+  job.options.on_improvement = [&](const Certificate& c) {
+    if (calls++ == 0) first_upper = c.upper_bound.value();
+    stop = true;  // as a signal handler would
+  };
+  const Certificate c = RunJob(job).certificate;
+  EXPECT_EQ(calls, 1);
+  EXPECT_EQ(c.status, CertificateStatus::kInterrupted);
+  ASSERT_TRUE(std::isfinite(first_upper));
+  EXPECT_EQ(c.upper_bound.value(), first_upper);
+  EXPECT_LT(c.elapsed_s, 30);
 }
 
 TEST(RunJobTest, CertificateIsSoundAndCarriesTheProvenance) {
@@ -148,7 +195,7 @@ TEST(RunJobTest, FlushToZeroThreadIsRepairedAndRecorded) {
   // The block-norm engine is deterministic: the same bits in both threads.
   auto block = [](const Certificate& c) {
     for (const EngineResult& e : c.engines)
-      if (e.name == "block_norm") return e.upper.value();
+      if (e.id == EngineId::kBlockNorm) return e.upper.value();
     return -1.0;
   };
   ASSERT_GT(block(clean), 0);

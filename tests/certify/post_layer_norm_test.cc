@@ -181,7 +181,7 @@ TEST(PostLayerNorm, CertifyWitnessBelowBoundAndBoundAboveMpfr) {
     EXPECT_LE(cert.lower_bound.value(), cert.upper_bound.value());
     // The composition; in norm 2 also the dense centre plus variation.
     ASSERT_EQ(cert.engines.size(), o.norm == NormKind::kL2 ? 2u : 1u);
-    EXPECT_EQ(cert.engines[0].name, "post_ln_composition");
+    EXPECT_EQ(cert.engines[0].id, EngineId::kPostLnComposition);
     ASSERT_TRUE(set.Contains(cert.witness.x));
     EXPECT_LE(cert.lower_bound.value(), ExactRatio(L, cert.witness.x, cert.witness.v, o.norm));
     for (int k = 0; k < 3; ++k) {
@@ -251,7 +251,7 @@ TEST(PostLayerNorm, DenseCentreIsExactAtAPoint) {
     o.time_limit_s = 1;
     const Certificate cert = CertifyAtPoint(L, x, o);
     ASSERT_EQ(cert.engines.size(), 2u);
-    EXPECT_EQ(cert.engines[1].name, "post_ln_centre");
+    EXPECT_EQ(cert.engines[1].id, EngineId::kPostLnCentre);
     EXPECT_EQ(cert.upper_bound.value(), std::min(cert.engines[0].upper.value(), e.upper.value())) << "case " << c;
     EXPECT_LE(cert.lower_bound.value(), sigma * (1 + 1e-12)) << "case " << c;
     ++checked;
@@ -278,7 +278,7 @@ TEST(PostLayerNorm, DenseCentrePlusVariationDominatesOverSmallBalls) {
     const Certificate cert = Certify(L, set, o, Provenance{});
     ASSERT_EQ(cert.engines.size(), 2u) << "case " << c;
     const EngineResult& e = cert.engines[1];
-    EXPECT_EQ(e.name, "post_ln_centre");
+    EXPECT_EQ(e.id, EngineId::kPostLnCentre);
     EXPECT_LE(cert.upper_bound.value(), e.upper.value());
     EXPECT_LE(cert.lower_bound.value(), cert.upper_bound.value()) << "case " << c;
     ++checked;
@@ -330,7 +330,7 @@ TEST(PostLayerNorm, DeflatedCentreDominatesMpfrAndIsExactWithAFullBasis) {
     o.engines.dense_limit = 0;  // MHA's centre_norm off, the post-LN centre deflated
     const Certificate cert = CertifyAtPoint(L, x, o);
     ASSERT_EQ(cert.engines.size(), 2u);
-    EXPECT_EQ(cert.engines[1].name, "post_ln_centre");
+    EXPECT_EQ(cert.engines[1].id, EngineId::kPostLnCentre);
     EXPECT_TRUE(cert.engines[1].applied) << cert.engines[1].note;
     EXPECT_GE(cert.upper_bound.value(), sigma) << "case " << c;
     EXPECT_LE(cert.upper_bound.value(), sigma * (1 + 1e-6)) << "case " << c;
