@@ -71,3 +71,17 @@ PY
 } > "$out.tmp"
 mv "$out.tmp" "$out"
 echo "results: wrote $out" >&2
+# The README's results table is the zoo section of the same file, between its markers.
+if [[ $out == docs/results.md ]] && grep -q '<!-- results:begin -->' README.md; then
+  python3 - "$out" <<'PY'
+import re, sys
+results = open(sys.argv[1]).read()
+stamp = results.split("\n## ")[0].split("\n", 2)[2].strip()
+zoo = results.split("## The bundled zoo (the main job's rows)\n", 1)[1].split("\n## ")[0].strip()
+block = "<!-- results:begin -->\n" + stamp + "\n\n" + zoo + "\n<!-- results:end -->"
+readme = open("README.md").read()
+readme = re.sub(r"<!-- results:begin -->.*?<!-- results:end -->", lambda m: block, readme, flags=re.S)
+open("README.md", "w").write(readme)
+PY
+  echo "results: updated the README's table" >&2
+fi
