@@ -1,0 +1,61 @@
+// The certified curvature at the centre against the tensor power method's estimate
+// (docs/engines.md, "Certified curvature at the centre"): MHA alone (LayerNorm dropped).
+//
+//   build/bench/curvature_bench MODEL LAYER CENTRE [--preset P] [--threads T] [--starts S]
+//                               [--max-gram-size M]
+//
+// MODEL and CENTRE as for `lipcert certify` (CENTRE is FILE:TENSOR). Prints the certified
+// C(X0) >= sup_{||U||_F = 1} ||D^2 f(X0)[U, U]||_F, its floating value, the tensor power
+// method's best value over S starts (a lower estimate), their ratio and the seconds of each.
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <string>
+
+#include "certify/curvature.h"
+#include "models/centre.h"
+#include "models/loader.h"
+
+int main(int argc, char** argv) {
+  using namespace lipcert;
+  if (argc < 4) {
+    std::fprintf(stderr,
+                 "usage: %s MODEL LAYER CENTRE [--preset P] [--threads T] [--starts S] [--max-gram-size M]\n",
+                 argv[0]);
+    return 2;
+  }
+  try {
+    LoadOptions lo;
+    lo.preset = "bert";
+    lo.layer = std::atoi(argv[2]);
+    CurvatureOptions co;
+    int starts = 8;
+    for (int i = 4; i < argc; ++i) {
+      const std::string a = argv[i];
+      if (a == "--preset" && i + 1 < argc) lo.preset = argv[++i];
+      else if (a == "--threads" && i + 1 < argc) co.threads = std::atoi(argv[++i]);
+      else if (a == "--starts" && i + 1 < argc) starts = std::atoi(argv[++i]);
+      else if (a == "--max-gram-size" && i + 1 < argc) co.max_gram_size = std::atol(argv[++i]);
+      else throw std::invalid_argument("unknown option " + a);
+    }
+    LoadedModel m = LoadModel(argv[1], lo);
+    AttentionLayer L = m.layers.at(0);
+    L.layer_norm.reset();
+    L.post_layer_norm.reset();
+    const Eigen::MatrixXd x0 = LoadCentre(argv[3], 0, L.d_model);
+    const auto t0 = std::chrono::steady_clock::now();
+    const double estimate = CurvatureLowerEstimate(L, x0, starts, 60, 1);
+    const double est_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const CurvatureBound c = CentreCurvatureUpperBound(L, x0, co);
+    if (!c.message.empty()) std::printf("refused: %s\n", c.message.c_str());
+    std::printf("N=%d D=%d H=%d  certified %.6g (floating %.6g, %.1f s)  tensor power %.6g (%d starts, %.1f s)  "
+                "ratio %.3f\n",
+                int(x0.rows()), L.d_model, L.heads, c.upper.value(), c.estimate, c.seconds, estimate, starts, est_s,
+                c.upper.value() / estimate);
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "curvature_bench: %s\n", e.what());
+    return 2;
+  }
+}
