@@ -373,6 +373,75 @@ CurvatureBound CentreCurvatureUpperBound(const AttentionLayer& L, const Eigen::M
   return done();
 }
 
+namespace {
+
+// max_i ||row i||_2 over the enclosure, rounded up.
+double MaxRowNormUp(const IntervalMatrix& a) {
+  double best = 0;
+  for (Eigen::Index i = 0; i < a.rows(); ++i) {
+    double s = 0;
+    for (Eigen::Index j = 0; j < a.cols(); ++j) {
+      const double m = AddUp(std::fabs(a.mid(i, j)), a.rad(i, j));
+      s = AddUp(s, MulUp(m, m));
+    }
+    best = std::max(best, SqrtUp(s));
+  }
+  return best;
+}
+
+}  // namespace
+
+UpperBound ThirdDerivativeUpperBound(const AttentionLayer& L, const Eigen::MatrixXd& x0, double radius) {
+  if (L.kind != AttentionKind::kDot || L.layer_norm || L.post_layer_norm || !(radius >= 0)) return UpperBound(kInf);
+  RequireRoundToNearest();
+  const int n = int(x0.rows()), dk = L.head_dim_qk, dv = L.head_dim_v;
+  const Interval s = InvSqrt(Interval(double(dk)));
+  double total = 0;
+  for (int h = 0; h < L.heads; ++h) {
+    auto with_bias = [&](IntervalMatrix m, const Eigen::VectorXd& b, int width) {
+      if (b.size() == 0) return m;
+      Eigen::MatrixXd rows = b.segment(h * width, width).transpose().replicate(n, 1);
+      return m + IntervalMatrix::Point(rows);
+    };
+    const Eigen::MatrixXd wq = L.wq_head(h), wk = L.wk_head(h), wv = L.wv_head(h), wo = L.wo_head(h);
+    const double nq = NormL2Upper(wq).value(), nk = NormL2Upper(wk).value(), nv = NormL2Upper(wv).value();
+    const double no = NormL2Upper(wo).value();
+    const double nov = NormL2UpperInterval(Mul(wo, wv)).value();
+    // Over the ball every token moves by at most `radius`.
+    const double qmax = AddUp(MaxRowNormUp(with_bias(Mul(x0, Eigen::MatrixXd(wq.transpose())), L.bq, dk)),
+                              MulUp(nq, radius));
+    const double kmax = AddUp(MaxRowNormUp(with_bias(Mul(x0, Eigen::MatrixXd(wk.transpose())), L.bk, dk)),
+                              MulUp(nk, radius));
+    const double vmax = AddUp(MaxRowNormUp(with_bias(Mul(x0, Eigen::MatrixXd(wv.transpose())), L.bv, dv)),
+                              MulUp(nv, radius));
+    // Centred magnitudes (at most twice the largest): values Wo_h v_j, the logits' first and
+    // second derivatives along a unit U (every token moving by at most 1), the value motion.
+    const double xs = MulUp(2.0, MulUp(no, vmax));
+    const double l1 = MulUp(MulUp(2.0, s.hi), AddUp(MulUp(nq, kmax), MulUp(qmax, nk)));
+    const double l2 = MulUp(MulUp(4.0, s.hi), MulUp(nq, nk));
+    const double cs = MulUp(2.0, nov);
+    // d^3 E[x] = 3 k3(x, l', l'') + k4(x, l', l', l') and 3 d^2 E[c] = 3 (Cov(c, l'') + k3(c, l', l')),
+    // with |k3| <= XYZ, |k4(x, y, y, y)| <= 4 X Y^3, |Cov| <= XY.
+    double row = MulUp(3.0, MulUp(xs, MulUp(l1, l2)));
+    row = AddUp(row, MulUp(4.0, MulUp(xs, MulUp(l1, MulUp(l1, l1)))));
+    row = AddUp(row, MulUp(3.0, MulUp(cs, AddUp(l2, MulUp(l1, l1)))));
+    total = AddUp(total, row);
+  }
+  // Rows: ||(r_i)_i||_2 <= sqrt(N) max_i r_i.
+  return UpperBound(MulUp(SqrtUp(double(n)), total));
+}
+
+TaylorJacobianBound TaylorJacobianUpperBound(const AttentionLayer& L, const Eigen::MatrixXd& x0, double radius,
+                                             UpperBound centre_norm, const CurvatureBound& curvature) {
+  TaylorJacobianBound b;
+  b.message = curvature.message;
+  b.centre = centre_norm;
+  b.curvature = MulNonneg(UpperBound(radius), curvature.upper);
+  b.remainder = MulNonneg(UpperBound(MulUp(0.5, MulUp(radius, radius))), ThirdDerivativeUpperBound(L, x0, radius));
+  b.total = b.centre + b.curvature + b.remainder;
+  return b;
+}
+
 double CurvatureLowerEstimate(const AttentionLayer& L, const Eigen::MatrixXd& x0, int starts, int iterations,
                               unsigned seed, Eigen::MatrixXd* argmax) {
   const LayerState<double> s0 = Evaluate<double>(L, x0);

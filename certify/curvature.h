@@ -90,6 +90,30 @@ Mat<T> SecondDirectional(const AttentionLayer& L, const LayerState<T>& s, const 
   return out;
 }
 
+// sup over the cover ||X - X0||_F <= radius of sup_{||U||_F = 1} ||d^3/dt^3 f(X + t U)||_F, by the
+// product rule on cumulants (docs/engines.md, "Certified curvature at the centre"): crude
+// (every token moves by the whole radius, every row at its worst), meant to be multiplied
+// by radius^2 / 2. MHA alone, dot heads; +inf otherwise.
+UpperBound ThirdDerivativeUpperBound(const AttentionLayer& layer, const Eigen::MatrixXd& x0, double radius);
+
+// The Taylor model of the Jacobian over the Frobenius ball of the given radius about x0:
+//     sup ||J(X)||_2 <= centre + curvature + remainder,
+//     centre = ||J(X0)||_2 (the caller's certified bound, e.g. CentreJacobianNormUpperBound),
+//     curvature = radius * C(X0)                       (CentreCurvatureUpperBound),
+//     remainder = radius^2 / 2 * sup_ball ||D^3 f||      (ThirdDerivativeUpperBound).
+// From J(X) - J(X0) = int_0^1 D^2 f(X0 + s (X - X0))[X - X0, .] ds and
+// D^2 f(Y) = D^2 f(X0) + int D^3 f[Y - X0, ., .], with the norms of the symmetric multilinear
+// maps taken on the diagonal (Banach).
+struct TaylorJacobianBound {
+  UpperBound centre{kInf};
+  UpperBound curvature{kInf};
+  UpperBound remainder{kInf};
+  UpperBound total{kInf};
+  std::string message;  // why +inf (from the curvature), "" otherwise
+};
+TaylorJacobianBound TaylorJacobianUpperBound(const AttentionLayer& layer, const Eigen::MatrixXd& x0, double radius,
+                                             UpperBound centre_norm, const CurvatureBound& curvature);
+
 // A floating lower estimate of sup_{||U||_F = 1} ||D^2 f(X0)[U, U]||_F by the symmetric tensor
 // power method (w <- D^2 f[U, U] normalised, U <- H_w U normalised, H_w = Hessian of <w, f>,
 // applied as a central difference of vector-Jacobian products), from `starts` random starts

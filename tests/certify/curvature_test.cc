@@ -8,6 +8,7 @@
 
 #include <random>
 
+#include "certify/centre_norm.h"
 #include "tests/certify/test_util.h"
 
 namespace lipcert {
@@ -193,6 +194,59 @@ TEST(CurvatureTest, ThreadsGiveTheSameBound) {
   CurvatureOptions two;
   two.threads = 2;
   EXPECT_EQ(CentreCurvatureUpperBound(L, x0).upper.value(), CentreCurvatureUpperBound(L, x0, two).upper.value());
+}
+
+TEST(CurvatureTest, ThirdDerivativeBoundDominatesMpfrThirdDifferencesOnTheBall) {
+  std::mt19937_64 rng(17);
+  int checked = 0;
+  for (long t = 0; t < testing::Count(8); ++t) {
+    const AttentionLayer L = RandomDotLayer(rng);
+    const int n = std::uniform_int_distribution<int>(1, 4)(rng);
+    const Eigen::MatrixXd x0 = RandomPoint(rng, n, L.d_model, 1.0);
+    const double radius = 0.2 * (x0.norm() + 0.1);
+    const double bound = ThirdDerivativeUpperBound(L, x0, radius).value();
+    ASSERT_TRUE(std::isfinite(bound));
+    for (int k = 0; k < 4; ++k) {
+      Eigen::MatrixXd dx = RandomPoint(rng, n, L.d_model, 1.0), u = RandomPoint(rng, n, L.d_model, 1.0);
+      const Eigen::MatrixXd x = x0 + radius * (k == 0 ? 0.0 : 1.0) * dx / dx.norm();
+      u /= u.norm();
+      mpfr::mpreal::set_default_prec(256);
+      const mpfr::mpreal eps("1e-18");
+      const MpMat xm = ToMp(x), du = ToMp(u) * eps;
+      // (f(x + 2h) - 2 f(x + h) + 2 f(x - h) - f(x - 2h)) / (2 eps^3) = d^3 f + O(eps^2).
+      const MpMat d3 = (Forward<mpfr::mpreal>(L, MpMat(xm + du * mpfr::mpreal(2))) -
+                        Forward<mpfr::mpreal>(L, MpMat(xm + du)) * mpfr::mpreal(2) +
+                        Forward<mpfr::mpreal>(L, MpMat(xm - du)) * mpfr::mpreal(2) -
+                        Forward<mpfr::mpreal>(L, MpMat(xm - du * mpfr::mpreal(2)))) /
+                       (mpfr::mpreal(2) * eps * eps * eps);
+      EXPECT_LE(mpfr::sqrt(d3.squaredNorm()).toDouble(), bound) << "layer " << t;
+      ++checked;
+    }
+  }
+  EXPECT_GT(checked, 0);
+}
+
+TEST(CurvatureTest, TaylorModelDominatesTheJacobianOnTheBall) {
+  std::mt19937_64 rng(19);
+  int checked = 0;
+  for (long t = 0; t < testing::Count(6); ++t) {
+    const AttentionLayer L = RandomDotLayer(rng);
+    const int n = std::uniform_int_distribution<int>(1, 4)(rng);
+    const Eigen::MatrixXd x0 = RandomPoint(rng, n, L.d_model, 1.0);
+    const double radius = 0.05 * (x0.norm() + 0.1);
+    const TaylorJacobianBound b = TaylorJacobianUpperBound(L, x0, radius, CentreJacobianNormUpperBound(L, x0),
+                                                           CentreCurvatureUpperBound(L, x0));
+    ASSERT_EQ(b.message, "");
+    ASSERT_TRUE(std::isfinite(b.total.value()));
+    EXPECT_GE(b.total.value(), b.centre.value() + b.curvature.value());
+    for (int k = 0; k < 4; ++k) {
+      const Eigen::MatrixXd dx = RandomPoint(rng, n, L.d_model, 1.0);
+      const Eigen::MatrixXd x = x0 + radius * dx / dx.norm();
+      EXPECT_LE(testing_util::JacobianNormMp(L, x, NormKind::kL2), b.total.value()) << "layer " << t;
+      ++checked;
+    }
+  }
+  EXPECT_GT(checked, 0);
 }
 
 }  // namespace
