@@ -155,6 +155,16 @@ PairData MakePair(const HeadData& a, const HeadData& b) {
 
 BMat Outer(const BVec& x, const BVec& y) { return x * y.transpose(); }
 
+// x Pi with Pi = diag(p) - p p^T, in O(N^2).
+BMat MulPi(const BMat& x, const BVec& p) { return BMat(x * p.asDiagonal()) - Outer(BVec(x * p), p); }
+// tr(x y) in O(N^2).
+Ball TraceProduct(const BMat& x, const BMat& y) {
+  Ball t(0.0);
+  for (Eigen::Index j = 0; j < x.rows(); ++j)
+    for (Eigen::Index k = 0; k < x.cols(); ++k) t += x(j, k) * y(k, j);
+  return t;
+}
+
 // Term (5) of the derivation: the kernel K with <Lam M Lam^T, Omega' term> = 2 m^T K m'.
 BMat K5(const PairData& d, const BVec& p, int i, int ip, bool same, const BVec& r, const BVec& t, const Ball& gog) {
   const int n = int(p.size());
@@ -213,7 +223,7 @@ BMat PairBlock(const RowHead& a, const RowHead& b, const PairData& d, const Pair
   // (1)
   const BVec Ap = A * pp, ATp = A.transpose() * p;
   const Ball alpha = p.dot(Ap);
-  BMat K1 = A.cwiseProduct(A) - BMat(Ap.asDiagonal()) * A * Ball(2.0) - A * BMat(ATp.asDiagonal()) * Ball(2.0) +
+  BMat K1 = A.cwiseProduct(A) - BMat(Ap.asDiagonal() * A) * Ball(2.0) - BMat(A * ATp.asDiagonal()) * Ball(2.0) +
             A * (Ball(2.0) * alpha) + Outer(Ap, ATp) * Ball(2.0);
   BMat blk = a.mm.transpose() * K1 * b.mm;
   // (2): 2 tr(M A Pi' C^T), C = Lam^T Ups'
@@ -221,26 +231,26 @@ BMat PairBlock(const RowHead& a, const RowHead& b, const PairData& d, const Pair
     const BVec y = A * b.pi.col(i);
     const BMat K2 = BMat(y.asDiagonal()) - BMat::Identity(n, n) * p.dot(y) - Outer(y, p);
     const BVec gam_p = d.gv.row(i).transpose();
-    blk += (a.mm.transpose() * (K2 * d.kv + Outer(Tau(A * b.pi, p), gam_p))) * Ball(2.0);
+    blk += (a.mm.transpose() * (K2 * d.kv + Outer(Tau(MulPi(A, pp), p), gam_p))) * Ball(2.0);
   }
   // (2'): roles swapped
   {
     const BVec y = A.transpose() * a.pi.col(ip);
     const BMat K2 = BMat(y.asDiagonal()) - BMat::Identity(n, n) * pp.dot(y) - Outer(y, pp);
     const BVec gam_t = e.gv.row(ip).transpose();
-    blk += ((K2 * e.kv + Outer(Tau(A.transpose() * a.pi, pp), gam_t)).transpose() * b.mm) * Ball(2.0);
+    blk += ((K2 * e.kv + Outer(Tau(MulPi(A.transpose(), p), pp), gam_t)).transpose() * b.mm) * Ball(2.0);
   }
   // (3)
   {
-    const BMat pap = a.pi * A * b.pi;
-    blk += d.vv * (Ball(2.0) * pap.trace());
+    blk += d.vv * (Ball(2.0) * TraceProduct(a.pi, MulPi(A, pp)));
     const BMat& Bp = d.kv;   // kap_h Wv_h'^T
     const BMat& Bt = e.kv;   // kap_h' Wv_h^T
     const BVec gam_p = d.gv.row(i).transpose(), gam_t = e.gv.row(ip).transpose();
-    const BMat pipp = a.pi * b.pi;
+    const BVec pipp_i = a.pi * BVec(b.pi.col(i));     // (Pi Pi')[:, i]
+    const BVec ppip_ip = b.pi * BVec(a.pi.col(ip));   // (Pi' Pi)[:, i']
     const BMat t3 = Outer(BVec(Bt.transpose() * b.pi.col(i)), BVec(Bp.transpose() * a.pi.col(ip))) +
-                    Outer(gam_t, BVec(Bp.transpose() * pipp.col(i))) +
-                    Outer(BVec(Bt.transpose() * pipp.transpose().col(ip)), gam_p) + Outer(gam_t, gam_p) * pipp.trace();
+                    Outer(gam_t, BVec(Bp.transpose() * pipp_i)) + Outer(BVec(Bt.transpose() * ppip_ip), gam_p) +
+                    Outer(gam_t, gam_p) * TraceProduct(a.pi, b.pi);
     blk += t3 * Ball(2.0);
   }
   // (4)

@@ -93,6 +93,38 @@ TEST(CurvatureTest, ClosedFormSecondDirectionalMatchesMpfrSecondDifference) {
   EXPECT_GT(checked, 0);
 }
 
+TEST(CurvatureTest, GramMatchesTheHessiansFormedOneByOne) {
+  // The certificate's floating sqrt(lambda_max(G)) against G formed from the output Hessians
+  // themselves: T[e_p, e_q] = (Q(e_p + e_q) - Q(e_p - e_q)) / 4 for the quadratic Q(U) = D^2 f[U, U].
+  std::mt19937_64 rng(23);
+  int checked = 0;
+  for (long t = 0; t < testing::Count(10); ++t) {
+    const AttentionLayer L = RandomDotLayer(rng);
+    const int n = std::uniform_int_distribution<int>(1, 4)(rng), nd = n * L.d_model;
+    const Eigen::MatrixXd x0 = RandomPoint(rng, n, L.d_model, 1.5);
+    const LayerState<double> s = Evaluate<double>(L, x0);
+    Eigen::MatrixXd g = Eigen::MatrixXd::Zero(nd, nd);
+    for (int p = 0; p < nd; ++p)
+      for (int q = 0; q < nd; ++q) {
+        Eigen::MatrixXd a = Eigen::MatrixXd::Zero(n, L.d_model), b = a;
+        a(p / L.d_model, p % L.d_model) += 1;
+        a(q / L.d_model, q % L.d_model) += 1;
+        b(p / L.d_model, p % L.d_model) += 1;
+        b(q / L.d_model, q % L.d_model) -= 1;
+        const Eigen::MatrixXd tpq = (SecondDirectional<double>(L, s, a) - SecondDirectional<double>(L, s, b)) / 4;
+        const Eigen::Map<const Eigen::VectorXd> v(tpq.data(), nd);
+        g += v * v.transpose();
+      }
+    const double want = std::sqrt(Eigen::SelfAdjointEigenSolver<Eigen::MatrixXd>(g).eigenvalues().maxCoeff());
+    const CurvatureBound c = CentreCurvatureUpperBound(L, x0);
+    EXPECT_NEAR(c.estimate, want, 1e-7 * (1 + want)) << "layer " << t;
+    EXPECT_GE(c.upper.value(), want * (1 - 1e-12));
+    EXPECT_LE(c.upper.value(), want * (1 + 1e-6) + 1e-12);
+    ++checked;
+  }
+  EXPECT_GT(checked, 0);
+}
+
 TEST(CurvatureTest, BoundDominatesMpfrSecondDifferences) {
   std::mt19937_64 rng(7);
   int layers = 0, directions = 0;
