@@ -99,7 +99,8 @@ struct HeadData {
   BMat kap;    // (N, D) rows kappa_j = Wq^T k_j / sqrt(dk)  (the query's logit gradient)
   BMat g;      // (N, D) rows g_i = Wk^T q_i / sqrt(dk)      (the keys' logit gradient)
   BMat wv;     // (dv, D)
-  BMat om;     // (D, D) Omega = Wq^T Wk / sqrt(dk)
+  BMat wq, wk; // (dk, D): Omega = Wq^T Wk / sqrt(dk) is applied through them (rank dk)
+  Ball s;      // 1/sqrt(dk)
 };
 
 // Cross quantities of a head pair (h, h').
@@ -132,15 +133,13 @@ PairData MakePair(const HeadData& a, const HeadData& b) {
   d.kv = a.kap * b.wv.transpose();
   d.gv = a.g * b.wv.transpose();
   d.vv = a.wv * b.wv.transpose();
-  d.oo = Ball(0.0);
-  d.oot = Ball(0.0);
-  for (Eigen::Index r = 0; r < a.om.rows(); ++r)
-    for (Eigen::Index c = 0; c < a.om.cols(); ++c) {
-      d.oo += a.om(r, c) * b.om(r, c);
-      d.oot += a.om(r, c) * b.om(c, r);
-    }
-  const BMat ko = a.kap * b.om, kot = a.kap * b.om.transpose();  // (N, D)
-  const BMat go = a.g * b.om, got = a.g * b.om.transpose();
+  // <Om_a, Om_b> = s^2 <Wq_a Wq_b^T, Wk_a Wk_b^T>,  <Om_a, Om_b^T> = s^2 <Wq_a Wk_b^T, Wk_a Wq_b^T>.
+  const Ball ss = a.s * b.s;
+  d.oo = BMat(a.wq * b.wq.transpose()).cwiseProduct(BMat(a.wk * b.wk.transpose())).sum() * ss;
+  d.oot = BMat(a.wq * b.wk.transpose()).cwiseProduct(BMat(a.wk * b.wq.transpose())).sum() * ss;
+  // x Om_b = s (x Wq_b^T) Wk_b and x Om_b^T = s (x Wk_b^T) Wq_b: (N, D) each.
+  const BMat ko = BMat(a.kap * b.wq.transpose()) * b.wk * b.s, kot = BMat(a.kap * b.wk.transpose()) * b.wq * b.s;
+  const BMat go = BMat(a.g * b.wq.transpose()) * b.wk * b.s, got = BMat(a.g * b.wk.transpose()) * b.wq * b.s;
   d.kok = ko * a.kap.transpose();
   d.kog = ko * a.g.transpose();
   d.kotg = kot * a.g.transpose();
@@ -318,7 +317,9 @@ CurvatureBound CentreCurvatureUpperBound(const AttentionLayer& L, const Eigen::M
     hd.wv = ToBall(Eigen::MatrixXd(L.wv_head(h)));
     hd.kap = (ToBall(k) * wq) * sb;
     hd.g = (ToBall(q) * wk) * sb;
-    hd.om = (wq.transpose() * wk) * sb;
+    hd.wq = wq;
+    hd.wk = wk;
+    hd.s = sb;
   }
   std::vector<PairData> pairs(size_t(H) * H);
   for (int h = 0; h < H; ++h)
