@@ -357,9 +357,10 @@ CurvatureBound CentreCurvatureUpperBound(const AttentionLayer& L, const Eigen::M
     for (auto& th : pool) th.join();
   }
   // G = (I (x) Wo) Gt (I (x) Wo)^T, block by block (Gt's (i, i') block is (H dv) x (H dv)).
-  const IntervalMatrix gt(std::move(gmid), std::move(grad));
   const long nd = long(n) * dm, hv = long(H) * dv;
   Eigen::MatrixXd m2 = Eigen::MatrixXd::Zero(nd, nd), r2 = Eigen::MatrixXd::Zero(nd, nd);
+  {  // Gt is released before G is certified (memory: the (N D)^2 matrices dominate).
+  const IntervalMatrix gt(std::move(gmid), std::move(grad));
   const Eigen::MatrixXd wo = L.wo, wot = L.wo.transpose();
   for (int i = 0; i < n; ++i) {
     // Wo * (block row i of Gt): D x (N H dv)
@@ -375,6 +376,7 @@ CurvatureBound CentreCurvatureUpperBound(const AttentionLayer& L, const Eigen::M
         r2.block(long(ip) * dm, long(i) * dm, dm, dm) = g.rad.transpose();
       }
     }
+  }
   }
   const IntervalMatrix G = SymmetrizeEnclosure(IntervalMatrix(std::move(m2), std::move(r2)));
   NormL2Report report;
