@@ -7,13 +7,14 @@
 // MODEL and CENTRE as for `lipcert certify` (CENTRE is FILE:TENSOR). Prints the certified
 // C(X0) >= sup_{||U||_F = 1} ||D^2 f(X0)[U, U]||_F, its floating value, the tensor power
 // method's best value over S starts (a lower estimate), their ratio and the seconds of each.
-// With --relative-radius r (ball of radius r ||X0||_F): the Taylor model's terms (centre =
+// With --relative-radius r (repeatable; ball of radius r ||X0||_F): the Taylor model's terms (centre =
 // CentreJacobianNormUpperBound, curvature, remainder) and their sum.
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
 #include <string>
+#include <vector>
 
 #include "certify/centre_norm.h"
 #include "certify/curvature.h"
@@ -34,14 +35,14 @@ int main(int argc, char** argv) {
     lo.layer = std::atoi(argv[2]);
     CurvatureOptions co;
     int starts = 8;
-    double rel = -1;
+    std::vector<double> radii;  // relative radii of the Taylor model's balls
     for (int i = 4; i < argc; ++i) {
       const std::string a = argv[i];
       if (a == "--preset" && i + 1 < argc) lo.preset = argv[++i];
       else if (a == "--threads" && i + 1 < argc) co.threads = std::atoi(argv[++i]);
       else if (a == "--starts" && i + 1 < argc) starts = std::atoi(argv[++i]);
       else if (a == "--max-gram-size" && i + 1 < argc) co.max_gram_size = std::atol(argv[++i]);
-      else if (a == "--relative-radius" && i + 1 < argc) rel = std::atof(argv[++i]);
+      else if (a == "--relative-radius" && i + 1 < argc) radii.push_back(std::atof(argv[++i]));
       else throw std::invalid_argument("unknown option " + a);
     }
     LoadedModel m = LoadModel(argv[1], lo);
@@ -58,9 +59,10 @@ int main(int argc, char** argv) {
                 "ratio %.3f\n",
                 int(x0.rows()), L.d_model, L.heads, c.upper.value(), c.estimate, c.seconds, estimate, starts, est_s,
                 c.upper.value() / estimate);
-    if (rel >= 0) {
+    const UpperBound centre = radii.empty() ? UpperBound(kInf) : CentreJacobianNormUpperBound(L, x0);
+    for (const double rel : radii) {
       const double radius = rel * x0.norm();
-      const TaylorJacobianBound t = TaylorJacobianUpperBound(L, x0, radius, CentreJacobianNormUpperBound(L, x0), c);
+      const TaylorJacobianBound t = TaylorJacobianUpperBound(L, x0, radius, centre, c);
       std::printf("R=%.6g  taylor %.6g = centre %.6g + curvature %.6g + remainder %.6g\n", radius, t.total.value(),
                   t.centre.value(), t.curvature.value(), t.remainder.value());
     }
