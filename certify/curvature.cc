@@ -341,10 +341,13 @@ CurvatureBound CentreCurvatureUpperBound(const AttentionLayer& L, const Eigen::M
         const BMat blk = PairBlock(rows[a], rows[b], pairs[size_t(h) * H + hp], pairs[size_t(hp) * H + h], i, ip);
         for (int c = 0; c < dv; ++c)
           for (int cp = 0; cp < dv; ++cp) {
-            gmid(long(a) * dv + c, long(b) * dv + cp) = blk(c, cp).m;
-            grad(long(a) * dv + c, long(b) * dv + cp) = blk(c, cp).r;
-            gmid(long(b) * dv + cp, long(a) * dv + c) = blk(c, cp).m;
-            grad(long(b) * dv + cp, long(a) * dv + c) = blk(c, cp).r;
+            // An overflow (NaN midpoint or radius) becomes the whole line: [0 +- inf].
+            const bool ok = std::isfinite(blk(c, cp).m) && blk(c, cp).r >= 0;
+            const double m = ok ? blk(c, cp).m : 0.0, r = ok ? blk(c, cp).r : kInf;
+            gmid(long(a) * dv + c, long(b) * dv + cp) = m;
+            grad(long(a) * dv + c, long(b) * dv + cp) = r;
+            gmid(long(b) * dv + cp, long(a) * dv + c) = m;
+            grad(long(b) * dv + cp, long(a) * dv + c) = r;
           }
       }
     }
