@@ -1,6 +1,7 @@
 #include "certify/curvature.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <random>
@@ -66,6 +67,10 @@ namespace lipcert {
 bool CurvatureOptions::IsValid(std::string* message) const {
   if (threads < 1) {
     if (message) *message = "threads: must be >= 1";
+    return false;
+  }
+  if (!(time_limit_seconds >= 0)) {
+    if (message) *message = "time_limit_seconds: must be >= 0";
     return false;
   }
   if (max_gram_size < 1) {
@@ -332,9 +337,18 @@ CurvatureBound CentreCurvatureUpperBound(const AttentionLayer& L, const Eigen::M
   const long nt = long(n) * H * dv;
   Eigen::MatrixXd gmid = Eigen::MatrixXd::Zero(nt, nt), grad = Eigen::MatrixXd::Zero(nt, nt);
   const int units = n * H;
+  std::atomic<bool> timed_out{false};
+  auto over_time = [&]() {
+    return opts.time_limit_seconds > 0 &&
+           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() > opts.time_limit_seconds;
+  };
   auto work = [&](int t) {
     RequireRoundToNearest();
     for (int a = t; a < units; a += opts.threads) {
+      if (timed_out || over_time()) {
+        timed_out = true;
+        return;
+      }
       const int i = a / H, h = a % H;
       for (int b = a; b < units; ++b) {
         const int ip = b / H, hp = b % H;
@@ -358,6 +372,10 @@ CurvatureBound CentreCurvatureUpperBound(const AttentionLayer& L, const Eigen::M
     std::vector<std::thread> pool;
     for (int t = 0; t < opts.threads; ++t) pool.emplace_back(work, t);
     for (auto& th : pool) th.join();
+  }
+  if (timed_out || over_time()) {
+    out.message = "curvature: time limit reached";
+    return done();
   }
   // G = (I (x) Wo) Gt (I (x) Wo)^T, block by block (Gt's (i, i') block is (H dv) x (H dv)).
   const long nd = long(n) * dm, hv = long(H) * dv;

@@ -35,6 +35,7 @@ namespace lipcert {
 struct CurvatureOptions {
   int threads = 1;            // worker threads for the Gram's pair blocks (>= 1)
   long max_gram_size = 6144;  // refuse when N * D exceeds this (G is (N D)^2 doubles, twice)
+  double time_limit_seconds = 0;  // > 0: give up (upper = +inf) once this much time has passed
   // Returns true when valid; otherwise false with *message naming the bad field.
   bool IsValid(std::string* message) const;
 };

@@ -211,6 +211,11 @@ TEST(CurvatureTest, RefusesWhatItDoesNotCover) {
   CurvatureOptions small;
   small.max_gram_size = 2;
   EXPECT_EQ(CentreCurvatureUpperBound(L, x0, small).upper.value(), kInf);
+  CurvatureOptions quick;
+  quick.time_limit_seconds = 1e-12;
+  const CurvatureBound timed = CentreCurvatureUpperBound(L, x0, quick);
+  EXPECT_EQ(timed.upper.value(), kInf);
+  EXPECT_NE(timed.message.find("time limit"), std::string::npos);
   CurvatureOptions bad;
   bad.threads = 0;
   std::string msg;
