@@ -119,7 +119,7 @@ TEST(CurvatureTest, GramMatchesTheHessiansFormedOneByOne) {
     const CurvatureBound c = CentreCurvatureUpperBound(L, x0);
     EXPECT_NEAR(c.estimate, want, 1e-7 * (1 + want)) << "layer " << t;
     EXPECT_GE(c.upper.value(), want * (1 - 1e-12));
-    EXPECT_LE(c.upper.value(), want * (1 + 1e-6) + 1e-12);
+    EXPECT_LE(c.upper.value(), want * (1 + 1e-6) + 1e-9);  // N = 1: D^2 f = 0, the certificate ~1e-12
     ++checked;
   }
   EXPECT_GT(checked, 0);
