@@ -272,8 +272,36 @@ BMat PairBlock(const RowHead& a, const RowHead& b, const PairData& d, const Pair
 
 }  // namespace
 
-CurvatureBound CentreCurvatureUpperBound(const AttentionLayer& L, const Eigen::MatrixXd& x0,
-                                         const CurvatureOptions& opts) {
+namespace {
+
+// Upper bound on the 2-norm of each row of w (w's rows are the projection's output coordinates).
+Eigen::VectorXd RowNormsUp(const Eigen::MatrixXd& w) {
+  Eigen::VectorXd out(w.rows());
+  for (Eigen::Index c = 0; c < w.rows(); ++c) {
+    double s = 0;
+    for (Eigen::Index j = 0; j < w.cols(); ++j) s = AddUp(s, MulUp(w(c, j), w(c, j)));
+    out(c) = SqrtUp(s);
+  }
+  return out;
+}
+
+// Enclosure of X W^T (+ bias) over the per-token balls ||x_i - x0_i||_2 <= radius(i): the centre's
+// product, each coordinate (i, c) widened by radius(i) ||w_c||_2 (Cauchy-Schwarz, rounded up).
+// A zero radius leaves the centre's enclosure untouched.
+IntervalMatrix ProjectCover(const Eigen::MatrixXd& x0, const Eigen::VectorXd& radius, const Eigen::MatrixXd& w) {
+  IntervalMatrix out = Mul(x0, Eigen::MatrixXd(w.transpose()));
+  if (radius.size() == 0 || radius.maxCoeff() == 0) return out;
+  const Eigen::VectorXd wn = RowNormsUp(w);
+  for (Eigen::Index i = 0; i < out.rows(); ++i) {
+    if (radius(i) == 0) continue;
+    for (Eigen::Index c = 0; c < out.cols(); ++c) out.rad(i, c) = AddUp(out.rad(i, c), MulUp(radius(i), wn(c)));
+  }
+  return out;
+}
+
+// The certified sup of the curvature over the per-token balls (radius empty or all zero: at x0).
+CurvatureBound CurvatureOverTokenBalls(const AttentionLayer& L, const Eigen::MatrixXd& x0,
+                                       const Eigen::VectorXd& radius, const CurvatureOptions& opts) {
   const auto t0 = std::chrono::steady_clock::now();
   CurvatureBound out;
   auto done = [&]() {
@@ -294,6 +322,14 @@ CurvatureBound CentreCurvatureUpperBound(const AttentionLayer& L, const Eigen::M
     out.message = "curvature: x0 must have d_model columns and at least one row";
     return done();
   }
+  if (radius.size() != 0 && (radius.size() != n || !(radius.minCoeff() >= 0))) {
+    out.message = "curvature: the cover's radii must be N values >= 0";
+    return done();
+  }
+  if (radius.size() != 0 && !std::isfinite(radius.maxCoeff())) {
+    out.message = "curvature: the cover's radius is unbounded";
+    return done();
+  }
   if (long(n) * dm > opts.max_gram_size) {
     out.message = "curvature: N * D = " + std::to_string(long(n) * dm) + " exceeds max_gram_size";
     return done();
@@ -302,7 +338,6 @@ CurvatureBound CentreCurvatureUpperBound(const AttentionLayer& L, const Eigen::M
   const Interval s = InvSqrt(Interval(double(dk)));
   const Ball sb(0.5 * s.lo + 0.5 * s.hi, curvature_internal::U(std::max(SubUp(s.hi, 0.5 * s.lo + 0.5 * s.hi),
                                                    SubUp(0.5 * s.lo + 0.5 * s.hi, s.lo))));
-  const IntervalMatrix xi = IntervalMatrix::Point(x0);
   std::vector<HeadData> heads(H);
   for (int h = 0; h < H; ++h) {
     auto with_bias = [&](IntervalMatrix m, const Eigen::VectorXd& b, int width) {
@@ -310,9 +345,9 @@ CurvatureBound CentreCurvatureUpperBound(const AttentionLayer& L, const Eigen::M
       Eigen::MatrixXd rows = b.segment(h * width, width).transpose().replicate(n, 1);
       return m + IntervalMatrix::Point(rows);
     };
-    const IntervalMatrix q = with_bias(Mul(x0, Eigen::MatrixXd(L.wq_head(h).transpose())), L.bq, dk);
-    const IntervalMatrix k = with_bias(Mul(x0, Eigen::MatrixXd(L.wk_head(h).transpose())), L.bk, dk);
-    const IntervalMatrix v = with_bias(Mul(x0, Eigen::MatrixXd(L.wv_head(h).transpose())), L.bv, dv);
+    const IntervalMatrix q = with_bias(ProjectCover(x0, radius, Eigen::MatrixXd(L.wq_head(h))), L.bq, dk);
+    const IntervalMatrix k = with_bias(ProjectCover(x0, radius, Eigen::MatrixXd(L.wk_head(h))), L.bk, dk);
+    const IntervalMatrix v = with_bias(ProjectCover(x0, radius, Eigen::MatrixXd(L.wv_head(h))), L.bv, dv);
     const IntervalMatrix logits = Scale(s, Mul(q, k.transpose()));
     const ProbabilityMatrixBounds pb = SoftmaxRowsRange(logits, L.causal);
     HeadData& hd = heads[h];
@@ -405,6 +440,32 @@ CurvatureBound CentreCurvatureUpperBound(const AttentionLayer& L, const Eigen::M
   out.estimate = std::sqrt(std::max(0.0, report.estimate));
   out.upper = SqrtUpper(UpperBound(std::max(0.0, lam.value())));
   return done();
+}
+
+}  // namespace
+
+CurvatureBound CentreCurvatureUpperBound(const AttentionLayer& L, const Eigen::MatrixXd& x0,
+                                         const CurvatureOptions& opts) {
+  return CurvatureOverTokenBalls(L, x0, Eigen::VectorXd(), opts);
+}
+
+CurvatureBound CoverCurvatureUpperBound(const AttentionLayer& L, const TokenCover& cover,
+                                        const CurvatureOptions& opts) {
+  return CurvatureOverTokenBalls(L, cover.center, cover.radius, opts);
+}
+
+CurvatureBound CoverCurvatureUpperBound(const AttentionLayer& L, const InputSet& set, const CurvatureOptions& opts) {
+  return CoverCurvatureUpperBound(L, CoverOf(set), opts);
+}
+
+EngineBound CurvatureVariationBound(UpperBound centre_norm, const TokenCover& cover,
+                                    const CurvatureBound& cover_curvature) {
+  EngineBound b;
+  const UpperBound variation = MulNonneg(JointRadiusUp(cover), cover_curvature.upper);
+  b.terms = {BoundTerm{"centre", centre_norm}, BoundTerm{"curvature x radius", variation}};
+  b.upper = centre_norm + variation;
+  if (!cover_curvature.message.empty()) b.note = cover_curvature.message;
+  return b;
 }
 
 namespace {

@@ -26,6 +26,9 @@
 
 #include <string>
 
+#include "certify/engine_bound.h"
+#include "certify/input_set.h"
+#include "certify/token_cover.h"
 #include "interval/rounding.h"
 #include "models/attention_layer.h"
 #include "models/forward.h"
@@ -51,6 +54,30 @@ struct CurvatureBound {
 // L2 attention, a pre-LN or post-LN sublayer, N * D above max_gram_size, invalid options.
 CurvatureBound CentreCurvatureUpperBound(const AttentionLayer& layer, const Eigen::MatrixXd& x0,
                                          const CurvatureOptions& opts = {});
+
+// The certified sup of the curvature over a cover: an upper bound on
+//     sup_{X in cover} sup_{||U||_F = 1} ||D^2 f(X)[U, U]||_F,
+// by the same Gram computation as at the centre with Q, K, V enclosed over the per-token
+// balls ||x_i - center_i|| <= radius(i) (each coordinate widened by radius(i) ||w_c||_2), so
+// that the logits, the softmax ranges (SoftmaxRowsRange) and every entry of G are enclosures
+// over the whole cover; lambda_max of the interval G is certified (LambdaMaxUpper). A cover of
+// zero radii gives CentreCurvatureUpperBound's value bit for bit (one code path). Refusals as
+// CentreCurvatureUpperBound's, and radii that are not N finite values >= 0.
+CurvatureBound CoverCurvatureUpperBound(const AttentionLayer& layer, const TokenCover& cover,
+                                        const CurvatureOptions& opts = {});
+CurvatureBound CoverCurvatureUpperBound(const AttentionLayer& layer, const InputSet& set,
+                                        const CurvatureOptions& opts = {});
+
+// The variation bound of the Jacobian over a convex set S that contains its centre X0:
+//     sup_S ||J(X)||_2 <= ||J(X0)||_2 + R sup_cover C(X),   R >= ||X - X0||_F on S,
+// from J(X) - J(X0) = int_0^1 D^2 f(X0 + s (X - X0))[X - X0, .] ds (the segment stays in S,
+// hence in the cover) and ||D^2 f(Y)[H, .]||_2 <= ||H||_F C(Y) (Banach: the symmetric bilinear
+// map's norm is taken on the diagonal). terms: "centre" = centre_norm (the caller's certified
+// ||J(X0)||_2, e.g. CentreJacobianNormUpperBound) and "curvature x radius" =
+// JointRadiusUp(cover) x cover_curvature.upper; upper is their sum, rounded up; note carries
+// the curvature's refusal message.
+EngineBound CurvatureVariationBound(UpperBound centre_norm, const TokenCover& cover,
+                                    const CurvatureBound& cover_curvature);
 
 // Exact second directional derivative d^2/dt^2 f(X0 + t U) at t = 0 of MHA alone (dot heads,
 // no LayerNorm), in the scalar T (double, or mpfr::mpreal in tests), at the state s of X0:

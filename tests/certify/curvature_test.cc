@@ -286,5 +286,111 @@ TEST(CurvatureTest, TaylorModelDominatesTheJacobianOnTheBall) {
   EXPECT_GT(checked, 0);
 }
 
+// A random point of the Frobenius ball of radius r about x0 (radius fraction uniform in [0, 1]).
+Eigen::MatrixXd PointOfBall(std::mt19937_64& rng, const Eigen::MatrixXd& x0, double r) {
+  Eigen::MatrixXd dx = RandomPoint(rng, int(x0.rows()), int(x0.cols()), 1.0);
+  return x0 + r * std::uniform_real_distribution<double>(0.0, 1.0)(rng) * dx / dx.norm();
+}
+
+TEST(CurvatureTest, ZeroRadiusCoverGivesTheCentreBound) {
+  std::mt19937_64 rng(29);
+  int checked = 0;
+  for (long t = 0; t < testing::Count(6); ++t) {
+    const AttentionLayer L = RandomDotLayer(rng);
+    const int n = std::uniform_int_distribution<int>(1, 4)(rng);
+    const Eigen::MatrixXd x0 = RandomPoint(rng, n, L.d_model, 1.2);
+    const CurvatureBound a = CentreCurvatureUpperBound(L, x0);
+    const CurvatureBound b = CoverCurvatureUpperBound(L, InputSet{SetKind::kBall, x0, 0.0});
+    ASSERT_TRUE(std::isfinite(a.upper.value()));
+    EXPECT_EQ(a.upper.value(), b.upper.value()) << "layer " << t;
+    EXPECT_EQ(a.estimate, b.estimate) << "layer " << t;
+    ++checked;
+  }
+  EXPECT_GT(checked, 0);
+}
+
+TEST(CurvatureTest, CoverBoundDominatesMpfrSecondDifferencesOnTheBall) {
+  std::mt19937_64 rng(31);
+  int layers = 0, points = 0;
+  for (long t = 0; t < testing::Count(8); ++t) {
+    const AttentionLayer L = RandomDotLayer(rng);
+    const int n = std::uniform_int_distribution<int>(1, 4)(rng);
+    const Eigen::MatrixXd x0 = RandomPoint(rng, n, L.d_model, std::uniform_real_distribution<double>(0.3, 2.0)(rng));
+    const double radius = std::uniform_real_distribution<double>(0.01, 0.1)(rng) * (x0.norm() + 0.1);
+    const InputSet set{SetKind::kBall, x0, radius};
+    const CurvatureBound c = CoverCurvatureUpperBound(L, set);
+    ASSERT_EQ(c.message, "");
+    ASSERT_TRUE(std::isfinite(c.upper.value()));
+    EXPECT_GE(c.upper.value(), CentreCurvatureUpperBound(L, x0).upper.value() * (1 - 1e-12));
+    for (int k = 0; k < 4; ++k) {
+      const Eigen::MatrixXd x = PointOfBall(rng, x0, radius);
+      ASSERT_TRUE(set.Contains(x, 1e-12));
+      Eigen::MatrixXd u = RandomPoint(rng, n, L.d_model, 1.0);
+      Eigen::MatrixXd umax = u / u.norm();  // kept where D^2 f = 0 (one token)
+      CurvatureLowerEstimate(L, x, 4, 40, unsigned(t * 10 + k), &umax);
+      for (const Eigen::MatrixXd& dir : {Eigen::MatrixXd(umax), Eigen::MatrixXd(u / u.norm())}) {
+        EXPECT_LE(SecondDifferenceNormMp(L, x, dir), c.upper.value()) << "layer " << t << " N " << n;
+        ++points;
+      }
+    }
+    ++layers;
+  }
+  EXPECT_GT(layers, 0);
+  EXPECT_GT(points, 0);
+}
+
+TEST(CurvatureTest, VariationBoundDominatesTheJacobianOnTheBall) {
+  // ||J(X)|| <= ||J(X0)|| + R sup_cover C at random points of the ball and on its boundary
+  // along the tensor power maximiser (both signs), with ||J(X0)|| exact (MPFR) and with the
+  // certified centre norm (CurvatureVariationBound).
+  std::mt19937_64 rng(37);
+  int layers = 0, points = 0;
+  for (long t = 0; t < testing::Count(8); ++t) {
+    const AttentionLayer L = RandomDotLayer(rng);
+    const int n = std::uniform_int_distribution<int>(1, 4)(rng);
+    const Eigen::MatrixXd x0 = RandomPoint(rng, n, L.d_model, 1.0);
+    const double radius = std::uniform_real_distribution<double>(0.02, 0.2)(rng) * (x0.norm() + 0.1);
+    const InputSet set{SetKind::kBall, x0, radius};
+    const CurvatureBound c = CoverCurvatureUpperBound(L, set);
+    ASSERT_TRUE(std::isfinite(c.upper.value()));
+    const double exact_centre = testing_util::JacobianNormMp(L, x0, NormKind::kL2);
+    const double exact_bound = (exact_centre + radius * c.upper.value()) * (1 + 1e-12);
+    const UpperBound centre = CentreJacobianNormUpperBound(L, x0);
+    const EngineBound v = CurvatureVariationBound(centre, CoverOf(set), c);
+    ASSERT_EQ(v.terms.size(), 2u);
+    EXPECT_EQ(v.terms[0].value.value(), centre.value());
+    EXPECT_GE(v.terms[1].value.value(), radius * c.upper.value());
+    EXPECT_GE(v.upper.value(), exact_bound * (1 - 1e-9));
+    Eigen::MatrixXd umax = RandomPoint(rng, n, L.d_model, 1.0);
+    umax /= umax.norm();  // kept where D^2 f = 0 (one token)
+    CurvatureLowerEstimate(L, x0, 4, 40, unsigned(t), &umax);
+    std::vector<Eigen::MatrixXd> xs = {x0 + radius * umax, x0 - radius * umax};
+    for (int k = 0; k < 4; ++k) xs.push_back(PointOfBall(rng, x0, radius));
+    for (const Eigen::MatrixXd& x : xs) {
+      const double truth = testing_util::JacobianNormMp(L, x, NormKind::kL2);
+      EXPECT_LE(truth, exact_bound) << "layer " << t << " N " << n;
+      EXPECT_LE(truth, v.upper.value()) << "layer " << t << " N " << n;
+      ++points;
+    }
+    ++layers;
+  }
+  EXPECT_GT(layers, 0);
+  EXPECT_GT(points, 0);
+}
+
+TEST(CurvatureTest, CoverRefusesBadRadii) {
+  std::mt19937_64 rng(41);
+  const AttentionLayer L = RandomDotLayer(rng);
+  const Eigen::MatrixXd x0 = RandomPoint(rng, 3, L.d_model, 1.0);
+  TokenCover cover{x0, Eigen::VectorXd::Constant(2, 0.1), UpperBound(kInf)};
+  EXPECT_EQ(CoverCurvatureUpperBound(L, cover).upper.value(), kInf);
+  cover.radius = Eigen::VectorXd::Constant(3, kInf);
+  const CurvatureBound c = CoverCurvatureUpperBound(L, cover);
+  EXPECT_EQ(c.upper.value(), kInf);
+  EXPECT_NE(c.message, "");
+  cover.radius = Eigen::VectorXd::Constant(3, 0.1);
+  EXPECT_TRUE(std::isfinite(CoverCurvatureUpperBound(L, cover).upper.value()));
+}
+
 }  // namespace
 }  // namespace lipcert
