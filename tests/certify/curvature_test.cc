@@ -378,6 +378,28 @@ TEST(CurvatureTest, VariationBoundDominatesTheJacobianOnTheBall) {
   EXPECT_GT(points, 0);
 }
 
+TEST(CurvatureTest, CoverBoundTendsToTheCentreBoundAsTheRadiusShrinks) {
+  // The enclosures widen linearly in the radius, so the cover's bound is continuous at radius
+  // 0: at 1e-7 of ||X0||_F it is within 1% of the centre's (the slope is large: the radii add
+  // the magnitudes of terms whose centred sums cancel, measured 400-1000x relative on these
+  // layers), and it grows with the radius.
+  std::mt19937_64 rng(43);
+  int checked = 0;
+  for (long t = 0; t < testing::Count(6); ++t) {
+    const AttentionLayer L = RandomDotLayer(rng);
+    const int n = std::uniform_int_distribution<int>(2, 4)(rng);
+    const Eigen::MatrixXd x0 = RandomPoint(rng, n, L.d_model, 1.0);
+    const double c0 = CentreCurvatureUpperBound(L, x0).upper.value();
+    const double small = CoverCurvatureUpperBound(L, InputSet{SetKind::kBall, x0, 1e-7 * x0.norm()}).upper.value();
+    const double large = CoverCurvatureUpperBound(L, InputSet{SetKind::kBall, x0, 1e-2 * x0.norm()}).upper.value();
+    EXPECT_GE(small, c0 * (1 - 1e-12)) << "layer " << t;
+    EXPECT_LE(small, 1.01 * c0 + 1e-9) << "layer " << t;
+    EXPECT_GE(large, small * (1 - 1e-12)) << "layer " << t;
+    ++checked;
+  }
+  EXPECT_GT(checked, 0);
+}
+
 TEST(CurvatureTest, CoverRefusesBadRadii) {
   std::mt19937_64 rng(41);
   const AttentionLayer L = RandomDotLayer(rng);
