@@ -84,6 +84,10 @@ int main(int argc, char** argv) {
                   set.radius, rel, cc.upper.value(), cc.estimate, cc.seconds,
                   cover_only ? "" : ("  / C(X0) " + std::to_string(cc.upper.value() / c.upper.value())).c_str(),
                   v.upper.value(), v.terms[0].value.value(), v.terms[1].value.value());
+      std::printf("  logit radius max %.4g mean %.4g  softmax width max %.4g mean %.4g  G: radius norm %.4g, "
+                  "midpoint lambda %.4g\n",
+                  cc.logit_radius_max, cc.logit_radius_mean, cc.softmax_width_max, cc.softmax_width_mean,
+                  cc.gram_radius_norm, cc.estimate * cc.estimate);
     }
     for (const double rel : radii) {
       const double radius = rel * x0.norm();

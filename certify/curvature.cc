@@ -339,6 +339,7 @@ CurvatureBound CurvatureOverTokenBalls(const AttentionLayer& L, const Eigen::Mat
   const Ball sb(0.5 * s.lo + 0.5 * s.hi, curvature_internal::U(std::max(SubUp(s.hi, 0.5 * s.lo + 0.5 * s.hi),
                                                    SubUp(0.5 * s.lo + 0.5 * s.hi, s.lo))));
   std::vector<HeadData> heads(H);
+  long entries = 0;
   for (int h = 0; h < H; ++h) {
     auto with_bias = [&](IntervalMatrix m, const Eigen::VectorXd& b, int width) {
       if (b.size() == 0) return m;
@@ -350,6 +351,14 @@ CurvatureBound CurvatureOverTokenBalls(const AttentionLayer& L, const Eigen::Mat
     const IntervalMatrix v = with_bias(ProjectCover(x0, radius, Eigen::MatrixXd(L.wv_head(h))), L.bv, dv);
     const IntervalMatrix logits = Scale(s, Mul(q, k.transpose()));
     const ProbabilityMatrixBounds pb = SoftmaxRowsRange(logits, L.causal);
+    for (int i = 0; i < n; ++i)
+      for (int j = 0; j < (L.causal ? i + 1 : n); ++j) {
+        out.logit_radius_max = std::max(out.logit_radius_max, logits.rad(i, j));
+        out.logit_radius_mean += logits.rad(i, j);
+        out.softmax_width_max = std::max(out.softmax_width_max, pb.hi(i, j) - pb.lo(i, j));
+        out.softmax_width_mean += pb.hi(i, j) - pb.lo(i, j);
+        ++entries;
+      }
     HeadData& hd = heads[h];
     hd.p = ToBall(IntervalMatrix::FromBounds(pb.lo, pb.hi));
     hd.v = ToBall(v);
@@ -361,6 +370,8 @@ CurvatureBound CurvatureOverTokenBalls(const AttentionLayer& L, const Eigen::Mat
     hd.wk = wk;
     hd.s = sb;
   }
+  out.logit_radius_mean /= double(std::max(1L, entries));
+  out.softmax_width_mean /= double(std::max(1L, entries));
   std::vector<PairData> pairs(size_t(H) * H);
   for (int h = 0; h < H; ++h)
     for (int hp = 0; hp < H; ++hp) pairs[size_t(h) * H + hp] = MakePair(heads[h], heads[hp]);
@@ -438,6 +449,7 @@ CurvatureBound CurvatureOverTokenBalls(const AttentionLayer& L, const Eigen::Mat
   NormL2Report report;
   const UpperBound lam = LambdaMaxUpper(G, NormL2Options{}, &report);
   out.estimate = std::sqrt(std::max(0.0, report.estimate));
+  out.gram_radius_norm = report.radius_norm;
   out.upper = SqrtUpper(UpperBound(std::max(0.0, lam.value())));
   return done();
 }

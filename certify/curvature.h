@@ -48,6 +48,13 @@ struct CurvatureBound {
   double estimate = 0;     // floating sqrt(lambda_max(G)) (Lanczos); not a bound
   double seconds = 0;
   std::string message;     // why the bound is +inf ("" when it is finite)
+  // Where a cover's enclosures widen (diagnostics, not bounds): the largest and the mean
+  // radius of the logits s q_i.k_j over heads and unmasked entries, the largest and the mean
+  // width hi - lo of the softmax ranges, and the norm bound of G's radius matrix next to the
+  // midpoint's floating lambda_max (estimate^2).
+  double logit_radius_max = 0, logit_radius_mean = 0;
+  double softmax_width_max = 0, softmax_width_mean = 0;
+  double gram_radius_norm = 0;
 };
 
 // The certified curvature of MHA alone at x0 (N x D). Refuses (upper = +inf, message set)
