@@ -69,7 +69,9 @@ CurvatureBound CentreCurvatureUpperBound(const AttentionLayer& layer, const Eige
 // that the logits, the softmax ranges (SoftmaxRowsRange) and every entry of G are enclosures
 // over the whole cover; lambda_max of the interval G is certified (LambdaMaxUpper). A cover of
 // zero radii gives CentreCurvatureUpperBound's value bit for bit (one code path). Refusals as
-// CentreCurvatureUpperBound's, and radii that are not N finite values >= 0.
+// CentreCurvatureUpperBound's, and radii that are not N finite values >= 0. The enclosures
+// widen fast (docs/engines.md, "The curvature over a cover"): on the zoo layers 1.6-6x C(X0)
+// at 0.001% of ||X0||_F, 85-630x at 0.1%.
 CurvatureBound CoverCurvatureUpperBound(const AttentionLayer& layer, const TokenCover& cover,
                                         const CurvatureOptions& opts = {});
 CurvatureBound CoverCurvatureUpperBound(const AttentionLayer& layer, const InputSet& set,
