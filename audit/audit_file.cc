@@ -306,6 +306,311 @@ std::string RadiusKeyText(const Radius& r) {
   return buf;
 }
 
+fs::path Resolve(const fs::path& base, const std::string& rel) {
+  return fs::path(rel).is_absolute() ? fs::path(rel) : base / rel;
+}
+
+// The [[threshold]] rules.
+std::vector<Rule> ReadRules(const Reader& rd, const toml::table& root) {
+  std::vector<Rule> rules;
+  const toml::node* n = root.get("threshold");
+  if (!n) return rules;
+  const toml::array* a = n->as_array();
+  if (!a) rd.Fail(n->source(), "threshold", "expected [[threshold]] tables");
+  for (size_t i = 0; i < a->size(); ++i) {
+    const std::string at = "threshold[" + std::to_string(i) + "]";
+    const toml::table& t = rd.Table((*a)[i], at);
+    Rule r;
+    r.where = t.source();
+    r.at = at;
+    r.limits = rd.Limits(t, at, true);
+    if (r.limits.empty()) rd.Fail(t.source(), at, "sets none of max_upper, max_gap, min_lower");
+    if (const toml::node* x = t.get("checkpoint")) r.checkpoint = rd.String(*x, at + ".checkpoint");
+    if (const toml::node* x = t.get("layer")) r.layer = int(rd.Integer(*x, at + ".layer"));
+    if (const toml::node* x = t.get("set")) r.set = rd.Set(*x, at + ".set");
+    if (const toml::node* x = t.get("norm")) r.norm = rd.Norm(*x, at + ".norm");
+    if (const toml::node* x = t.get("radius")) r.radius = rd.RadiusValue(*x, at + ".radius");
+    if (const toml::node* x = t.get("attention_only")) r.attention_only = rd.Bool(*x, at + ".attention_only");
+    rules.push_back(r);
+  }
+  return rules;
+}
+
+// A [[checkpoint]] entry's own keys (its job keys over [defaults] in d).
+struct CheckpointEntry {
+  JobDefaults d;
+  const toml::node* path_node = nullptr;
+  std::string pattern, preset;
+  int heads = 0;
+};
+CheckpointEntry ReadCheckpointEntry(const Reader& rd, const toml::table& t, const std::string& at,
+                                    const JobDefaults& defaults) {
+  std::set<std::string> keys = Reader::JobKeys();
+  keys.insert({"path", "name", "preset", "layers", "heads", "centres"});
+  rd.CheckKeys(t, at, keys);
+  CheckpointEntry e;
+  e.d = defaults;
+  rd.ReadJobKeys(t, at, &e.d);
+  if (e.d.radii.empty()) rd.Fail(t.source(), at + ".radii", "no radii (set radii here or in [defaults])");
+  e.path_node = t.get("path");
+  if (!e.path_node) rd.Fail(t.source(), at + ".path", "missing (a checkpoint file, folder or glob)");
+  e.pattern = rd.String(*e.path_node, at + ".path");
+  e.preset = t.get("preset") ? rd.String(*t.get("preset"), at + ".preset") : "auto";
+  if (e.preset != "auto" && std::find(KnownPresets().begin(), KnownPresets().end(), e.preset) == KnownPresets().end())
+    rd.Fail(t.get("preset")->source(), at + ".preset", "unknown preset '" + e.preset + "'");
+  e.heads = t.get("heads") ? int(rd.Integer(*t.get("heads"), at + ".heads")) : 0;
+  if (e.heads < 0) rd.Fail(t.get("heads")->source(), at + ".heads", "must be >= 0");
+  return e;
+}
+
+// The checkpoints of an entry, relative to base: one path, or every match of a glob (sorted).
+std::vector<std::string> CheckpointPaths(const Reader& rd, const CheckpointEntry& e, const std::string& at,
+                                         const fs::path& base) {
+  std::vector<std::string> rel_paths;
+  if (IsPattern(e.pattern)) {
+    glob_t g{};
+    const std::string full = Resolve(base, e.pattern).string();
+    if (glob(full.c_str(), 0, nullptr, &g) == 0)
+      for (size_t i = 0; i < g.gl_pathc; ++i) {
+        const std::string m = g.gl_pathv[i];
+        if (m.find("centres") != std::string::npos) continue;  // centres files beside the checkpoints
+        rel_paths.push_back(fs::path(e.pattern).is_absolute() ? m : fs::path(m).lexically_relative(base).string());
+      }
+    globfree(&g);
+    if (rel_paths.empty()) rd.Fail(e.path_node->source(), at + ".path", "no checkpoint matches '" + e.pattern + "'");
+  } else {
+    if (!fs::exists(Resolve(base, e.pattern)))
+      rd.Fail(e.path_node->source(), at + ".path", "'" + e.pattern + "' not found");
+    rel_paths.push_back(e.pattern);
+  }
+  return rel_paths;
+}
+
+// Centres: a file per checkpoint and layer ({stem}, {layer}, {name}), tensors listed,
+// matched by patterns, or "all" (tensor_patterns empty).
+struct CentreSpec {
+  const toml::node* file = nullptr;
+  std::string pattern;
+  std::vector<std::string> tensor_patterns;
+  toml::source_region where;
+};
+CentreSpec ReadCentreSpec(const Reader& rd, const toml::table& t, const std::string& at) {
+  const toml::node* cn = t.get("centres");
+  if (!cn) rd.Fail(t.source(), at + ".centres", "missing (centres = { file = ..., tensors = ... })");
+  const toml::table& ct = rd.Table(*cn, at + ".centres");
+  rd.CheckKeys(ct, at + ".centres", {"file", "tensors"});
+  CentreSpec c;
+  c.file = ct.get("file");
+  if (!c.file) rd.Fail(ct.source(), at + ".centres.file", "missing");
+  c.pattern = rd.String(*c.file, at + ".centres.file");
+  const toml::node* ctensors = ct.get("tensors");
+  if (ctensors && !(ctensors->is_string() && *ctensors->value<std::string>() == "all"))
+    c.tensor_patterns = rd.List<std::string>(*ctensors, at + ".centres.tensors",
+                                             [&](const auto& x, const auto& k) { return rd.String(x, k); });
+  c.where = ctensors ? ctensors->source() : c.file->source();
+  return c;
+}
+
+// The layers an entry names in a loaded checkpoint: "all" (or none given), or a list.
+std::vector<int> LayersOf(const Reader& rd, const toml::table& t, const std::string& at, const LoadedModel& model,
+                          const std::string& rel) {
+  std::vector<int> layers;
+  const toml::node* ln = t.get("layers");
+  if (!ln || (ln->is_string() && *ln->value<std::string>() == "all")) return model.layer_indices;
+  const toml::array* la = ln->as_array();
+  if (!la || la->empty()) rd.Fail(ln->source(), at + ".layers", "expected \"all\" or a list of layer indices");
+  for (size_t i = 0; i < la->size(); ++i) {
+    const int l = int(rd.Integer((*la)[i], at + ".layers[" + std::to_string(i) + "]"));
+    if (std::find(model.layer_indices.begin(), model.layer_indices.end(), l) == model.layer_indices.end())
+      rd.Fail((*la)[i].source(), at + ".layers[" + std::to_string(i) + "]",
+              rel + " has no attention layer " + std::to_string(l));
+    layers.push_back(l);
+  }
+  return layers;
+}
+
+// The centre tensors of one centre file ("" for an .npy file).
+std::vector<std::string> CentreTensors(const Reader& rd, const CentreSpec& c, const std::string& at,
+                                       const fs::path& centre_path, const std::string& centre_rel,
+                                       const std::map<std::string, std::string>& vars) {
+  std::vector<std::string> tensors;
+  if (centre_path.extension() == ".npy") {
+    if (!c.tensor_patterns.empty()) rd.Fail(c.where, at + ".centres.tensors", "an .npy file holds one centre; omit tensors");
+    tensors.push_back("");
+    return tensors;
+  }
+  SafetensorsHeader h;
+  try {
+    h = ReadSafetensorsHeader(centre_path.string());
+  } catch (const std::exception& e) {
+    rd.Fail(c.file->source(), at + ".centres.file", e.what());
+  }
+  if (c.tensor_patterns.empty()) {
+    for (const auto& [tn, info] : h.tensors) tensors.push_back(tn);
+  } else {
+    for (const std::string& p0 : c.tensor_patterns) {
+      const std::string p = Substitute(p0, vars);
+      size_t found = 0;
+      for (const auto& [tn, info] : h.tensors)
+        if (IsPattern(p) ? fnmatch(p.c_str(), tn.c_str(), 0) == 0 : tn == p) {
+          tensors.push_back(tn);
+          ++found;
+        }
+      if (found == 0) rd.Fail(c.where, at + ".centres.tensors", "no tensor '" + p + "' in " + centre_rel);
+    }
+  }
+  if (tensors.empty()) rd.Fail(c.file->source(), at + ".centres.file", centre_rel + " holds no tensors");
+  return tensors;
+}
+
+// What the jobs of one (checkpoint, layer, centre) share.
+struct JobSite {
+  const JobDefaults& d;
+  const std::string& name;
+  const std::string& rel;  // the checkpoint, relative to the audit file's folder
+  const fs::path& ck_path;
+  const LoadedModel& model;
+  int layer = 0, heads = 0;
+  const std::string& centre_sha;
+  std::string spec_abs, spec_rel;  // the centre spec, resolved and as written
+};
+
+// One job: its request, its spec and key, its thresholds (those of d tightened by every rule
+// that matches it; the rules matched are marked).
+AuditJob MakeJob(const JobSite& s, SetKind set, const Radius& radius, NormKind norm, bool attn,
+                 std::vector<Rule>* rules) {
+  const JobDefaults& d = s.d;
+  AuditJob job;
+  job.checkpoint_name = s.name;
+  job.checkpoint_sha256 = s.model.sha256;
+  job.centre_sha256 = s.centre_sha;
+  CertifyRequest& r = job.request;
+  r.model.path = s.ck_path.string();
+  r.model.preset = s.model.preset;
+  r.model.layer = s.layer;
+  r.model.heads = s.heads;
+  r.model.attention_only = attn;
+  r.set.kind = set;
+  r.set.centre = s.spec_abs;
+  (radius.relative ? r.set.relative_radius : r.set.radius) = radius.value;
+  r.options.norm = norm;
+  r.options.tolerance = d.tolerance;
+  r.options.seed = uint64_t(d.seed);
+  r.options.engines.dense_limit = int(d.dense_limit);
+  json spec = {{"checkpoint", s.name},
+               {"path", s.rel},
+               {"preset", s.model.preset},
+               {"layer", s.layer},
+               {"heads", s.heads},
+               {"centre", s.spec_rel},
+               {"set", SetKindToString(set)},
+               {"radius", radius.text},
+               {"radius_value", RadiusKeyText(radius)},
+               {"relative", radius.relative},
+               {"norm", NormKindToString(norm)},
+               {"attention_only", attn},
+               {"tolerance", d.tolerance},
+               {"seed", d.seed},
+               {"dense_limit", d.dense_limit}};
+  if (d.budget.enabled()) {
+    // No clock: the budget alone bounds every stage (the same certificate
+    // everywhere; CertifyOptions::budget).
+    r.options.budget = d.budget;
+    r.options.probabilistic.seed = d.seed + 1;  // a fixed start: reproducible
+    spec["budget"] = {{"steps", d.budget.steps}, {"rounds", d.budget.rounds}};
+  } else {
+    r.options.time_limit_s = d.time_limit;
+    spec["time_limit"] = d.time_limit;
+  }
+  job.spec = spec;
+  job.thresholds = d.thresholds;
+  for (Rule& rule : *rules) {
+    const bool match = (!rule.checkpoint || *rule.checkpoint == s.name) && (!rule.layer || *rule.layer == s.layer) &&
+                       (!rule.set || *rule.set == set) && (!rule.norm || *rule.norm == norm) &&
+                       (!rule.radius || *rule.radius == radius) &&
+                       (!rule.attention_only || *rule.attention_only == attn);
+    if (match) job.thresholds.Tighten(rule.limits);
+    rule.matched = rule.matched || match;
+  }
+  job.key = Sha256Hex(spec.dump() + "\n" + job.checkpoint_sha256 + "\n" + job.centre_sha256 + "\n" +
+                      ExecutableSha256());
+  return job;
+}
+
+// Where the audit file's entries are read from, and what they share.
+struct AuditContext {
+  const Reader& rd;
+  fs::path base;                                   // the audit file's folder
+  std::map<std::string, std::string> sha_of_file;  // each centre file hashed once
+  std::set<std::string> names_seen;
+  std::vector<Rule> rules;
+  const std::string& ShaOf(const fs::path& p) {
+    auto [it, fresh] = sha_of_file.try_emplace(p.string());
+    if (fresh) it->second = Sha256HexOfFile(p.string());
+    return it->second;
+  }
+};
+
+// The jobs of one checkpoint file's layer: every centre tensor, set, radius, norm and
+// attention_only.
+void AddLayerJobs(AuditContext& cx, const CheckpointEntry& e, const CentreSpec& c, const std::string& at,
+                  const std::string& rel, const fs::path& ck_path, const std::string& name, const LoadedModel& model,
+                  int layer, AuditPlan* plan) {
+  const Reader& rd = cx.rd;
+  const int li = int(std::find(model.layer_indices.begin(), model.layer_indices.end(), layer) - model.layer_indices.begin());
+  const AttentionLayer& L = model.layers[li];
+  const std::map<std::string, std::string> vars = {
+      {"stem", Stem(ck_path)}, {"layer", std::to_string(layer)}, {"name", name},
+      {"dir", fs::path(rel).parent_path().string().empty() ? "." : fs::path(rel).parent_path().string()}};
+  const std::string centre_rel = Substitute(c.pattern, vars);
+  const fs::path centre_path = Resolve(cx.base, centre_rel);
+  if (!fs::is_regular_file(centre_path))
+    rd.Fail(c.file->source(), at + ".centres.file", "'" + centre_rel + "' not found (for " + name + " layer " + std::to_string(layer) + ")");
+  const std::vector<std::string> tensors = CentreTensors(rd, c, at, centre_path, centre_rel, vars);
+  const std::string& centre_sha = cx.ShaOf(centre_path);
+  for (const std::string& tensor : tensors) {
+    const std::string suffix = tensor.empty() ? "" : ":" + tensor;
+    const JobSite site{e.d, name, rel, ck_path, model, layer, e.heads, centre_sha, centre_path.string() + suffix,
+                       centre_rel + suffix};
+    try {
+      (void)LoadCentre(site.spec_abs, 0, L.d_model);
+    } catch (const std::exception& ex) {
+      rd.Fail(c.where, at + ".centres", ex.what());
+    }
+    for (SetKind set : e.d.sets)
+      for (const Radius& radius : e.d.radii)
+        for (NormKind norm : e.d.norms)
+          for (bool attn : e.d.attention_only) plan->jobs.push_back(MakeJob(site, set, radius, norm, attn, &cx.rules));
+  }
+}
+
+// The jobs of one [[checkpoint]] entry, every checkpoint file it names.
+void AddCheckpointJobs(AuditContext& cx, const toml::table& t, const std::string& at, const JobDefaults& defaults,
+                       AuditPlan* plan) {
+  const Reader& rd = cx.rd;
+  const CheckpointEntry e = ReadCheckpointEntry(rd, t, at, defaults);
+  const std::vector<std::string> rel_paths = CheckpointPaths(rd, e, at, cx.base);
+  const CentreSpec c = ReadCentreSpec(rd, t, at);
+  const std::string base_name = t.get("name") ? rd.String(*t.get("name"), at + ".name") : "";
+  for (const std::string& rel : rel_paths) {
+    const fs::path ck_path = Resolve(cx.base, rel);
+    const std::string name = base_name.empty() ? Stem(ck_path) : rel_paths.size() == 1 ? base_name : base_name + ":" + Stem(ck_path);
+    if (!cx.names_seen.insert(name).second)
+      rd.Fail(e.path_node->source(), at + ".name", "checkpoint name '" + name + "' used twice (set name = ...)");
+    LoadOptions lo;
+    lo.preset = e.preset;
+    lo.heads = e.heads;
+    LoadedModel model;
+    try {
+      model = LoadModel(ck_path.string(), lo);
+    } catch (const std::exception& ex) {
+      rd.Fail(e.path_node->source(), at + ".path", ex.what());
+    }
+    for (int layer : LayersOf(rd, t, at, model, rel))
+      AddLayerJobs(cx, e, c, at, rel, ck_path, name, model, layer, plan);
+  }
+}
+
 }  // namespace
 
 AuditPlan ReadAuditFile(const std::string& path) {
@@ -317,9 +622,6 @@ AuditPlan ReadAuditFile(const std::string& path) {
   } catch (const toml::parse_error& e) {
     rd.Fail(e.source(), "toml", std::string(e.description()));
   }
-  const fs::path base = fs::path(path).parent_path();
-  auto resolve = [&](const std::string& rel) { return fs::path(rel).is_absolute() ? fs::path(rel) : base / rel; };
-
   rd.CheckKeys(root, "", {"defaults", "checkpoint", "threshold"});
   JobDefaults defaults;
   if (const toml::node* n = root.get("defaults")) {
@@ -327,237 +629,20 @@ AuditPlan ReadAuditFile(const std::string& path) {
     rd.CheckKeys(t, "defaults", Reader::JobKeys());
     rd.ReadJobKeys(t, "defaults", &defaults);
   }
-
-  std::vector<Rule> rules;
-  if (const toml::node* n = root.get("threshold")) {
-    const toml::array* a = n->as_array();
-    if (!a) rd.Fail(n->source(), "threshold", "expected [[threshold]] tables");
-    for (size_t i = 0; i < a->size(); ++i) {
-      const std::string at = "threshold[" + std::to_string(i) + "]";
-      const toml::table& t = rd.Table((*a)[i], at);
-      Rule r;
-      r.where = t.source();
-      r.at = at;
-      r.limits = rd.Limits(t, at, true);
-      if (r.limits.empty()) rd.Fail(t.source(), at, "sets none of max_upper, max_gap, min_lower");
-      if (const toml::node* x = t.get("checkpoint")) r.checkpoint = rd.String(*x, at + ".checkpoint");
-      if (const toml::node* x = t.get("layer")) r.layer = int(rd.Integer(*x, at + ".layer"));
-      if (const toml::node* x = t.get("set")) r.set = rd.Set(*x, at + ".set");
-      if (const toml::node* x = t.get("norm")) r.norm = rd.Norm(*x, at + ".norm");
-      if (const toml::node* x = t.get("radius")) r.radius = rd.RadiusValue(*x, at + ".radius");
-      if (const toml::node* x = t.get("attention_only")) r.attention_only = rd.Bool(*x, at + ".attention_only");
-      rules.push_back(r);
-    }
-  }
+  AuditContext cx{rd, fs::path(path).parent_path(), {}, {}, ReadRules(rd, root)};
 
   const toml::node* cps = root.get("checkpoint");
   if (!cps || !cps->as_array() || cps->as_array()->empty())
     throw InputError(path + ":1", "checkpoint", "no [[checkpoint]] entries");
   AuditPlan plan;
   plan.file = path;
-  std::map<std::string, std::string> sha_of_file;
-  auto sha_of = [&](const fs::path& p) -> const std::string& {
-    auto [it, fresh] = sha_of_file.try_emplace(p.string());
-    if (fresh) it->second = Sha256HexOfFile(p.string());
-    return it->second;
-  };
-  std::set<std::string> names_seen;
   const toml::array& cp_array = *cps->as_array();
   for (size_t ci = 0; ci < cp_array.size(); ++ci) {
     const std::string at = "checkpoint[" + std::to_string(ci) + "]";
-    const toml::table& t = rd.Table(cp_array[ci], at);
-    std::set<std::string> keys = Reader::JobKeys();
-    keys.insert({"path", "name", "preset", "layers", "heads", "centres"});
-    rd.CheckKeys(t, at, keys);
-    JobDefaults d = defaults;
-    rd.ReadJobKeys(t, at, &d);
-    if (d.radii.empty()) rd.Fail(t.source(), at + ".radii", "no radii (set radii here or in [defaults])");
-    const toml::node* path_node = t.get("path");
-    if (!path_node) rd.Fail(t.source(), at + ".path", "missing (a checkpoint file, folder or glob)");
-    const std::string pattern = rd.String(*path_node, at + ".path");
-    const std::string preset = t.get("preset") ? rd.String(*t.get("preset"), at + ".preset") : "auto";
-    if (preset != "auto" && std::find(KnownPresets().begin(), KnownPresets().end(), preset) == KnownPresets().end())
-      rd.Fail(t.get("preset")->source(), at + ".preset", "unknown preset '" + preset + "'");
-    const int heads = t.get("heads") ? int(rd.Integer(*t.get("heads"), at + ".heads")) : 0;
-    if (heads < 0) rd.Fail(t.get("heads")->source(), at + ".heads", "must be >= 0");
-
-    // The checkpoints: one path, or every match of a glob (sorted).
-    std::vector<std::string> rel_paths;
-    if (IsPattern(pattern)) {
-      glob_t g{};
-      const std::string full = resolve(pattern).string();
-      if (glob(full.c_str(), 0, nullptr, &g) == 0)
-        for (size_t i = 0; i < g.gl_pathc; ++i) {
-          const std::string m = g.gl_pathv[i];
-          if (m.find("centres") != std::string::npos) continue;  // centres files beside the checkpoints
-          rel_paths.push_back(fs::path(pattern).is_absolute() ? m : fs::path(m).lexically_relative(base).string());
-        }
-      globfree(&g);
-      if (rel_paths.empty()) rd.Fail(path_node->source(), at + ".path", "no checkpoint matches '" + pattern + "'");
-    } else {
-      if (!fs::exists(resolve(pattern))) rd.Fail(path_node->source(), at + ".path", "'" + pattern + "' not found");
-      rel_paths.push_back(pattern);
-    }
-
-    // Centres: a file per checkpoint and layer ({stem}, {layer}, {name}), tensors listed,
-    // matched by patterns, or "all".
-    const toml::node* cn = t.get("centres");
-    if (!cn) rd.Fail(t.source(), at + ".centres", "missing (centres = { file = ..., tensors = ... })");
-    const toml::table& ct = rd.Table(*cn, at + ".centres");
-    rd.CheckKeys(ct, at + ".centres", {"file", "tensors"});
-    const toml::node* cfile = ct.get("file");
-    if (!cfile) rd.Fail(ct.source(), at + ".centres.file", "missing");
-    const std::string centre_pattern = rd.String(*cfile, at + ".centres.file");
-    std::vector<std::string> tensor_patterns;  // empty: all
-    const toml::node* ctensors = ct.get("tensors");
-    if (ctensors && !(ctensors->is_string() && *ctensors->value<std::string>() == "all"))
-      tensor_patterns = rd.List<std::string>(*ctensors, at + ".centres.tensors",
-                                             [&](const auto& x, const auto& k) { return rd.String(x, k); });
-    const toml::source_region centre_where = ctensors ? ctensors->source() : cfile->source();
-
-    const std::string base_name = t.get("name") ? rd.String(*t.get("name"), at + ".name") : "";
-    for (const std::string& rel : rel_paths) {
-      const fs::path ck_path = resolve(rel);
-      const std::string name = base_name.empty() ? Stem(ck_path) : rel_paths.size() == 1 ? base_name : base_name + ":" + Stem(ck_path);
-      if (!names_seen.insert(name).second)
-        rd.Fail(path_node->source(), at + ".name", "checkpoint name '" + name + "' used twice (set name = ...)");
-      LoadOptions lo;
-      lo.preset = preset;
-      lo.heads = heads;
-      LoadedModel model;
-      try {
-        model = LoadModel(ck_path.string(), lo);
-      } catch (const std::exception& e) {
-        rd.Fail(path_node->source(), at + ".path", e.what());
-      }
-      // The layers.
-      std::vector<int> layers;
-      const toml::node* ln = t.get("layers");
-      if (!ln || (ln->is_string() && *ln->value<std::string>() == "all")) {
-        layers = model.layer_indices;
-      } else {
-        const toml::array* la = ln->as_array();
-        if (!la || la->empty()) rd.Fail(ln->source(), at + ".layers", "expected \"all\" or a list of layer indices");
-        for (size_t i = 0; i < la->size(); ++i) {
-          const int l = int(rd.Integer((*la)[i], at + ".layers[" + std::to_string(i) + "]"));
-          if (std::find(model.layer_indices.begin(), model.layer_indices.end(), l) == model.layer_indices.end())
-            rd.Fail((*la)[i].source(), at + ".layers[" + std::to_string(i) + "]",
-                    rel + " has no attention layer " + std::to_string(l));
-          layers.push_back(l);
-        }
-      }
-      for (int layer : layers) {
-        const int li = int(std::find(model.layer_indices.begin(), model.layer_indices.end(), layer) - model.layer_indices.begin());
-        const AttentionLayer& L = model.layers[li];
-        const std::map<std::string, std::string> vars = {
-            {"stem", Stem(ck_path)}, {"layer", std::to_string(layer)}, {"name", name},
-            {"dir", fs::path(rel).parent_path().string().empty() ? "." : fs::path(rel).parent_path().string()}};
-        const std::string centre_rel = Substitute(centre_pattern, vars);
-        const fs::path centre_path = resolve(centre_rel);
-        if (!fs::is_regular_file(centre_path))
-          rd.Fail(cfile->source(), at + ".centres.file", "'" + centre_rel + "' not found (for " + name + " layer " + std::to_string(layer) + ")");
-        std::vector<std::string> tensors;  // "" for an .npy file
-        if (centre_path.extension() == ".npy") {
-          if (!tensor_patterns.empty()) rd.Fail(centre_where, at + ".centres.tensors", "an .npy file holds one centre; omit tensors");
-          tensors.push_back("");
-        } else {
-          SafetensorsHeader h;
-          try {
-            h = ReadSafetensorsHeader(centre_path.string());
-          } catch (const std::exception& e) {
-            rd.Fail(cfile->source(), at + ".centres.file", e.what());
-          }
-          if (tensor_patterns.empty()) {
-            for (const auto& [tn, info] : h.tensors) tensors.push_back(tn);
-          } else {
-            for (const std::string& p0 : tensor_patterns) {
-              const std::string p = Substitute(p0, vars);
-              size_t found = 0;
-              for (const auto& [tn, info] : h.tensors)
-                if (IsPattern(p) ? fnmatch(p.c_str(), tn.c_str(), 0) == 0 : tn == p) {
-                  tensors.push_back(tn);
-                  ++found;
-                }
-              if (found == 0) rd.Fail(centre_where, at + ".centres.tensors", "no tensor '" + p + "' in " + centre_rel);
-            }
-          }
-          if (tensors.empty()) rd.Fail(cfile->source(), at + ".centres.file", centre_rel + " holds no tensors");
-        }
-        const std::string& centre_sha = sha_of(centre_path);
-        for (const std::string& tensor : tensors) {
-          const std::string spec_abs = centre_path.string() + (tensor.empty() ? "" : ":" + tensor);
-          const std::string spec_rel = centre_rel + (tensor.empty() ? "" : ":" + tensor);
-          try {
-            (void)LoadCentre(spec_abs, 0, L.d_model);
-          } catch (const std::exception& e) {
-            rd.Fail(centre_where, at + ".centres", e.what());
-          }
-          for (SetKind set : d.sets)
-            for (const Radius& radius : d.radii)
-              for (NormKind norm : d.norms)
-                for (bool attn : d.attention_only) {
-                  AuditJob job;
-                  job.checkpoint_name = name;
-                  job.checkpoint_sha256 = model.sha256;
-                  job.centre_sha256 = centre_sha;
-                  CertifyRequest& r = job.request;
-                  r.model.path = ck_path.string();
-                  r.model.preset = model.preset;
-                  r.model.layer = layer;
-                  r.model.heads = heads;
-                  r.model.attention_only = attn;
-                  r.set.kind = set;
-                  r.set.centre = spec_abs;
-                  (radius.relative ? r.set.relative_radius : r.set.radius) = radius.value;
-                  r.options.norm = norm;
-                  r.options.tolerance = d.tolerance;
-                  r.options.seed = uint64_t(d.seed);
-                  r.options.engines.dense_limit = int(d.dense_limit);
-                  json spec = {{"checkpoint", name},
-                               {"path", rel},
-                               {"preset", model.preset},
-                               {"layer", layer},
-                               {"heads", heads},
-                               {"centre", spec_rel},
-                               {"set", SetKindToString(set)},
-                               {"radius", radius.text},
-                               {"radius_value", RadiusKeyText(radius)},
-                               {"relative", radius.relative},
-                               {"norm", NormKindToString(norm)},
-                               {"attention_only", attn},
-                               {"tolerance", d.tolerance},
-                               {"seed", d.seed},
-                               {"dense_limit", d.dense_limit}};
-                  if (d.budget.enabled()) {
-                    // No clock: the budget alone bounds every stage (the same certificate
-                    // everywhere; CertifyOptions::budget).
-                    r.options.budget = d.budget;
-                    r.options.probabilistic.seed = d.seed + 1;  // a fixed start: reproducible
-                    spec["budget"] = {{"steps", d.budget.steps}, {"rounds", d.budget.rounds}};
-                  } else {
-                    r.options.time_limit_s = d.time_limit;
-                    spec["time_limit"] = d.time_limit;
-                  }
-                  job.spec = spec;
-                  job.thresholds = d.thresholds;
-                  for (Rule& rule : rules) {
-                    const bool match = (!rule.checkpoint || *rule.checkpoint == name) && (!rule.layer || *rule.layer == layer) &&
-                                       (!rule.set || *rule.set == set) && (!rule.norm || *rule.norm == norm) &&
-                                       (!rule.radius || *rule.radius == radius) &&
-                                       (!rule.attention_only || *rule.attention_only == attn);
-                    if (match) job.thresholds.Tighten(rule.limits);
-                    rule.matched = rule.matched || match;
-                  }
-                  job.key = Sha256Hex(spec.dump() + "\n" + job.checkpoint_sha256 + "\n" + job.centre_sha256 + "\n" +
-                                      ExecutableSha256());
-                  plan.jobs.push_back(std::move(job));
-                }
-        }
-      }
-    }
+    AddCheckpointJobs(cx, rd.Table(cp_array[ci], at), at, defaults, &plan);
   }
   // A rule that matches nothing is almost certainly a typo.
-  for (const Rule& rule : rules)
+  for (const Rule& rule : cx.rules)
     if (!rule.matched) rd.Fail(rule.where, rule.at, "matches no job");
   std::set<std::string> keys;
   for (const AuditJob& j : plan.jobs)

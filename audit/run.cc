@@ -203,53 +203,56 @@ int RunAudit(const AuditPlan& plan, const RunOptions& o) {
   return status;
 }
 
-int Summarise(const json& plan_json, const std::vector<JournalEntry>& entries, const std::string& out_dir) {
-  std::map<std::string, const JournalEntry*> by_key;
-  for (const JournalEntry& e : entries) by_key.emplace(e.key, &e);
-  struct Row {
-    std::vector<std::string> cells;
-    JobVerdict verdict;
-    std::string who;
-  };
-  const std::vector<std::string> header = {"checkpoint", "layer", "centre", "set", "radius", "norm", "part",
-                                           "upper", "lower", "gap", "status", "verdict"};
-  std::vector<Row> rows;
-  for (const json& pj : plan_json["jobs"]) {
-    const json& s = pj["spec"];
-    const std::string key = pj["key"];
-    Row row;
-    const std::string centre = s["centre"].get<std::string>();
-    const size_t colon = centre.rfind(':');
-    row.cells = {pj["checkpoint_name"].get<std::string>(), std::to_string(s["layer"].get<int>()),
-                 colon == std::string::npos ? fs::path(centre).filename().string() : centre.substr(colon + 1),
-                 s["set"].get<std::string>(), s["radius"].get<std::string>(), s["norm"].get<std::string>(),
-                 s["attention_only"].get<bool>() ? "attention" : "layer"};
-    auto it = by_key.find(key);
-    if (it == by_key.end()) {
-      row.verdict = {Verdict::kMissing, "not in the journal (not run, failed, or killed)"};
-      for (int k = 0; k < 4; ++k) row.cells.push_back("-");
-    } else {
-      const json& c = it->second->certificate;
-      const double upper = Value(c, "upper_bound", INFINITY), lower = Value(c, "lower_bound", 0);
-      row.cells.push_back(Fmt(upper, "%.6g"));
-      row.cells.push_back(Fmt(lower, "%.6g"));
-      row.cells.push_back(Fmt(lower > 0 ? upper / lower : INFINITY, "%.4g"));
-      // A job that stopped at its work budget says so (status work_budget).
-      const std::string status = c["status"].get<std::string>();
-      row.cells.push_back(status == "work_budget" ? "budget" : status);
-      row.verdict = Judge(Thresholds::FromJson(pj["thresholds"]), c);
-    }
-    row.cells.push_back(VerdictToString(row.verdict.verdict));
-    row.who = row.cells[0] + " layer " + row.cells[1] + " centre " + row.cells[2] + " " + row.cells[3] + " radius " +
-              row.cells[4] + " norm " + row.cells[5] + " " + row.cells[6] + " (key " + key.substr(0, 12) + ")";
-    rows.push_back(std::move(row));
-  }
+namespace {
 
-  // The table on stdout.
+// One job's line of the summary: its cells (under kSummaryHeader), verdict, and who it is.
+struct SummaryRow {
+  std::vector<std::string> cells;
+  JobVerdict verdict;
+  std::string who;
+};
+const std::vector<std::string> kSummaryHeader = {"checkpoint", "layer", "centre", "set", "radius", "norm", "part",
+                                                 "upper", "lower", "gap", "status", "verdict"};
+
+// The row of planned job pj, judged by its journal entry (missing where there is none).
+SummaryRow SummaryRowOf(const json& pj, const std::map<std::string, const JournalEntry*>& by_key) {
+  const json& s = pj["spec"];
+  const std::string key = pj["key"];
+  SummaryRow row;
+  const std::string centre = s["centre"].get<std::string>();
+  const size_t colon = centre.rfind(':');
+  row.cells = {pj["checkpoint_name"].get<std::string>(), std::to_string(s["layer"].get<int>()),
+               colon == std::string::npos ? fs::path(centre).filename().string() : centre.substr(colon + 1),
+               s["set"].get<std::string>(), s["radius"].get<std::string>(), s["norm"].get<std::string>(),
+               s["attention_only"].get<bool>() ? "attention" : "layer"};
+  auto it = by_key.find(key);
+  if (it == by_key.end()) {
+    row.verdict = {Verdict::kMissing, "not in the journal (not run, failed, or killed)"};
+    for (int k = 0; k < 4; ++k) row.cells.push_back("-");
+  } else {
+    const json& c = it->second->certificate;
+    const double upper = Value(c, "upper_bound", INFINITY), lower = Value(c, "lower_bound", 0);
+    row.cells.push_back(Fmt(upper, "%.6g"));
+    row.cells.push_back(Fmt(lower, "%.6g"));
+    row.cells.push_back(Fmt(lower > 0 ? upper / lower : INFINITY, "%.4g"));
+    // A job that stopped at its work budget says so (status work_budget).
+    const std::string status = c["status"].get<std::string>();
+    row.cells.push_back(status == "work_budget" ? "budget" : status);
+    row.verdict = Judge(Thresholds::FromJson(pj["thresholds"]), c);
+  }
+  row.cells.push_back(VerdictToString(row.verdict.verdict));
+  row.who = row.cells[0] + " layer " + row.cells[1] + " centre " + row.cells[2] + " " + row.cells[3] + " radius " +
+            row.cells[4] + " norm " + row.cells[5] + " " + row.cells[6] + " (key " + key.substr(0, 12) + ")";
+  return row;
+}
+
+// The table on stdout, its columns aligned (numbers to the right).
+void PrintSummaryTable(const std::vector<SummaryRow>& rows) {
+  const std::vector<std::string>& header = kSummaryHeader;
   std::vector<size_t> width(header.size());
   for (size_t k = 0; k < header.size(); ++k) {
     width[k] = header[k].size();
-    for (const Row& r : rows) width[k] = std::max(width[k], r.cells[k].size());
+    for (const SummaryRow& r : rows) width[k] = std::max(width[k], r.cells[k].size());
   }
   auto print = [&](const std::vector<std::string>& cells) {
     std::string line;
@@ -261,8 +264,19 @@ int Summarise(const json& plan_json, const std::vector<JournalEntry>& entries, c
     std::cout << line << "\n";
   };
   print(header);
-  for (const Row& r : rows) print(r.cells);
+  for (const SummaryRow& r : rows) print(r.cells);
   std::cout.flush();
+}
+
+}  // namespace
+
+int Summarise(const json& plan_json, const std::vector<JournalEntry>& entries, const std::string& out_dir) {
+  std::map<std::string, const JournalEntry*> by_key;
+  for (const JournalEntry& e : entries) by_key.emplace(e.key, &e);
+  const std::vector<std::string>& header = kSummaryHeader;
+  std::vector<SummaryRow> rows;
+  for (const json& pj : plan_json["jobs"]) rows.push_back(SummaryRowOf(pj, by_key));
+  PrintSummaryTable(rows);
 
   // CSV beside the journal, and the report (reports/: report.html, report.md, audit.json).
   std::ostringstream csv;
@@ -271,7 +285,7 @@ int Summarise(const json& plan_json, const std::vector<JournalEntry>& entries, c
   json doc = {{"schema", "lipcert.audit/1"}, {"audit_file", plan_json["audit_file"]}, {"jobs", json::array()}};
   size_t i = 0;
   for (const json& pj : plan_json["jobs"]) {
-    const Row& r = rows[i++];
+    const SummaryRow& r = rows[i++];
     auto quote = [](const std::string& s) {
       if (s.find_first_of(",\"\n") == std::string::npos) return s;
       std::string q = "\"";
@@ -293,7 +307,7 @@ int Summarise(const json& plan_json, const std::vector<JournalEntry>& entries, c
   WriteAuditReport(doc, out_dir);
 
   int status = 0;
-  for (const Row& r : rows)
+  for (const SummaryRow& r : rows)
     if (r.verdict.verdict == Verdict::kViolated || r.verdict.verdict == Verdict::kUnproven ||
         r.verdict.verdict == Verdict::kMissing) {
       std::cerr << "lipcert audit: " << VerdictToString(r.verdict.verdict) << ": " << r.who << ": " << r.verdict.reason

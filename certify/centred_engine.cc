@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <optional>
 #include <cstdio>
 #include <stdexcept>
 #include <vector>
@@ -186,6 +187,183 @@ double CentredEngineCostEstimate(const AttentionLayer& layer, int tokens) { retu
 
 double CentredEngineSecondsEstimate(const AttentionLayer& layer, int tokens) { return CentredEngineSeconds(layer, tokens); }
 
+namespace {
+// sup ||J_M(z) - J_M(zc)|| <= kron + ||rd||, with rd the N x N block bounds; and the row
+// sums of the block bounds of J(X) - J(X0) (columns scaled by ell), with the rows of dP and
+// P0 on the simplex (see SimplexWeightedSumUp). Each head's share is computed on its own
+// thread and the shares are added in head order (the same bound for any threads).
+struct HeadShare {
+  double kron = 0;
+  Eigen::MatrixXd full, rd;
+  Eigen::VectorXd row_sum;
+};
+
+// One head's factors: over the cover (F) and at the centre (F0), its geometry G, and the
+// distance rows' descending orders (each sorted once, SimplexWeightedSumUp's order).
+struct HeadFactors {
+  const HeadGeometry& G;
+  const FactorBounds& F;
+  const FactorBounds& F0;
+  std::vector<std::vector<int>> du_orders, side_orders;
+};
+
+// w_ij >= |P_ij(X) - P_ij(X0)|.
+Eigen::MatrixXd SoftmaxMotionUp(const FactorBounds& F, const FactorBounds& F0, int n) {
+  Eigen::MatrixXd w(n, n);
+  for (int i = 0; i < n; ++i)
+    for (int j = 0; j < n; ++j)
+      w(i, j) = std::max({SubUp(F.p_hi(i, j), F0.p_lo(i, j)), SubUp(F0.p_hi(i, j), F.p_lo(i, j)), 0.0});
+  return w;
+}
+
+// Row i of the head's share: its block bounds into share->full and share->rd, its row sum
+// into share->row_sum.
+void AddRowShare(const HeadFactors& hf, const MhaInput& in, bool causal, const Eigen::MatrixXd& w, int i,
+                 HeadShare* share) {
+  const HeadGeometry& G = hf.G;
+  const FactorBounds& F = hf.F;
+  const FactorBounds& F0 = hf.F0;
+  Eigen::MatrixXd& full = share->full;
+  Eigen::MatrixXd& rd = share->rd;
+  const int n = int(w.rows());
+  const int len = causal ? i + 1 : n;
+  const double rho_max = in.rho_z.head(len).maxCoeff();
+  // sum_k |P_ik - P0_ik| c_k <= the greedy sum with caps w_ik and total 2.
+  const Eigen::VectorXd w_i = w.row(i).transpose(), p0_i = F0.p_hi.row(i).transpose();
+  auto dp_sum = [&](const Eigen::MatrixXd& dist, const std::vector<std::vector<int>>& orders, int j) {
+    return SimplexWeightedSumUp(w_i, dist.row(j).transpose(), len, 2.0, orders[j]);
+  };
+  // Row i's terms, split by their weights (w or P0) for the row-sum bound below.
+  Eigen::VectorXd cw_t(len), cp_t(len), cw_e(len), cp_e(len);
+  double de = 0;
+  for (int j = 0; j < len; ++j) {
+    full(i, j) = AddUp(full(i, j), MulUp(w(i, j), G.w_norm));
+    // a_ij - a0_ij = du_j - dubar_i: ||.|| <= c_u (rho_j + max_k rho_k) + sum_k |dP_ik| ||u0_k - u0_j||.
+    const double da = AddUp(MulUp(G.c_u, AddUp(in.rho_z(j), rho_max)), dp_sum(G.du, hf.du_orders, j));
+    double dg, db;
+    if (G.dot) {
+      dg = MulUp(G.c_g, in.rho_z(i));
+      db = AddUp(MulUp(G.c_b, AddUp(in.rho_z(j), rho_max)), dp_sum(G.db, hf.side_orders, j));
+    } else {
+      dg = MulUp(2.0, MulUp(G.c_g, AddUp(in.rho_z(i), in.rho_z(j))));
+      db = MulUp(2.0, AddUp(MulUp(G.c_g, AddUp(in.rho_z(j), rho_max)), dp_sum(G.dg, hf.side_orders, j)));
+    }
+    // P a g^T - P0 a0 g0^T = dP a g^T + P0 da g^T + P0 a0 dg^T (and likewise with b).
+    cw_t(j) = MulUp(AddUp(G.w_norm, MulUp(F.a_sup(i, j), F.g_sup(i, j))), in.ell(j));
+    cp_t(j) = MulUp(AddUp(MulUp(da, F.g_sup(i, j)), MulUp(F0.a_sup(i, j), dg)), in.ell(j));
+    cw_e(j) = MulUp(MulUp(F.a_sup(i, j), F.b_sup(i, j)), in.ell(i));
+    cp_e(j) = MulUp(AddUp(MulUp(da, F.b_sup(i, j)), MulUp(F0.a_sup(i, j), db)), in.ell(i));
+    const double dt = AddUp(MulUp(w(i, j), MulUp(F.a_sup(i, j), F.g_sup(i, j))),
+                            MulUp(F0.p_hi(i, j), AddUp(MulUp(da, F.g_sup(i, j)), MulUp(F0.a_sup(i, j), dg))));
+    rd(i, j) = AddUp(rd(i, j), dt);
+    de = AddUp(de, AddUp(MulUp(w(i, j), MulUp(F.a_sup(i, j), F.b_sup(i, j))),
+                         MulUp(F0.p_hi(i, j), AddUp(MulUp(da, F.b_sup(i, j)), MulUp(F0.a_sup(i, j), db)))));
+  }
+  rd(i, i) = AddUp(rd(i, i), de);
+  const double row = AddUp(AddUp(SimplexWeightedSumUp(w_i, cw_t, len, 2.0), SimplexWeightedSumUp(p0_i, cp_t, len)),
+                           AddUp(SimplexWeightedSumUp(w_i, cw_e, len, 2.0), SimplexWeightedSumUp(p0_i, cp_e, len)));
+  share->row_sum(i) = AddUp(share->row_sum(i), row);
+}
+
+// One head's share of the first-order variation; false where the deadline passed (or a stop
+// was requested) between its rows.
+bool HeadShareOver(const HeadGeometry& G, const FactorBounds& F, const FactorBounds& F0, const MhaInput& in, int n,
+                   bool causal, const BoundOptions& opts, HeadShare* share) {
+  share->full = Eigen::MatrixXd::Zero(n, n);
+  share->rd = Eigen::MatrixXd::Zero(n, n);
+  share->row_sum = Eigen::VectorXd::Zero(n);
+  const HeadFactors hf{G, F, F0, DescendingRowOrders(G.du), DescendingRowOrders(G.dot ? G.db : G.dg)};
+  const Eigen::MatrixXd w = SoftmaxMotionUp(F, F0, n);
+  share->kron = MulUp(NonnegNormUp(w, PrimalNorm(opts.norm)), G.w_norm);
+  for (int i = 0; i < n; ++i) {
+    if (DeadlinePassed(opts)) return false;
+    AddRowShare(hf, in, causal, w, i, share);
+  }
+  return true;
+}
+
+// The heads' shares added in head order.
+HeadShare SumShares(const std::vector<HeadShare>& shares, int n) {
+  HeadShare sum;
+  sum.full = Eigen::MatrixXd::Zero(n, n);
+  sum.rd = Eigen::MatrixXd::Zero(n, n);
+  sum.row_sum = Eigen::VectorXd::Zero(n);
+  for (const HeadShare& share : shares) {
+    sum.kron = AddUp(sum.kron, share.kron);
+    for (Eigen::Index e = 0; e < sum.full.size(); ++e) {
+      sum.full.data()[e] = AddUp(sum.full.data()[e], share.full.data()[e]);
+      sum.rd.data()[e] = AddUp(sum.rd.data()[e], share.rd.data()[e]);
+    }
+    for (int i = 0; i < n; ++i) sum.row_sum(i) = AddUp(sum.row_sum(i), share.row_sum(i));
+  }
+  return sum;
+}
+
+// The first-order candidates from the summed shares.
+struct FirstOrderVariation {
+  double value_path = kInf, logit_path = kInf, split = kInf, joint = kInf, schur = kInf;
+};
+FirstOrderVariation FirstOrderVariationUp(const HeadShare& sum, const MhaInput& in, NormKind p, int n) {
+  const double ell_max = in.ell.maxCoeff();
+  Eigen::MatrixXd all(n, n);
+  for (int i = 0; i < n; ++i)
+    for (int j = 0; j < n; ++j) all(i, j) = AddUp(sum.full(i, j), sum.rd(i, j));
+  double col_max = 0;
+  for (int j = 0; j < n; ++j) {
+    double s = 0;
+    for (int i = 0; i < n; ++i) s = AddUp(s, all(i, j));
+    col_max = std::max(col_max, MulUp(s, in.ell(j)));
+  }
+  FirstOrderVariation f;
+  // ||B||_2 <= sqrt(||B||_inf ||B||_1) for the block-bound matrix B; in the inf norm the
+  // block-row sums bound ||J(X) - J(X0)||_inf themselves.
+  f.schur = p == NormKind::kL2 ? SqrtUp(MulUp(sum.row_sum.maxCoeff(), col_max)) : sum.row_sum.maxCoeff();
+  f.value_path = MulUp(sum.kron, ell_max);
+  f.logit_path = ScaledNonnegNormUp(sum.rd, in.ell, PrimalNorm(p));
+  f.split = AddUp(f.value_path, f.logit_path);
+  f.joint = ScaledNonnegNormUp(all, in.ell, PrimalNorm(p));
+  return f;
+}
+
+// The heads apart (HeadsApart) where they apply (dot heads whose values fill D): ||Wo|| now,
+// the heads' geometry and factors filled per head; *own_coordinates the layer with Wo = I.
+HeadsApart HeadsApartOf(const AttentionLayer& L, const BoundOptions& opts, bool applies,
+                        AttentionLayer* own_coordinates) {
+  HeadsApart apart;
+  if (!applies) return apart;
+  *own_coordinates = L;
+  own_coordinates->wo = Eigen::MatrixXd::Identity(L.d_model, L.d_model);
+  if (own_coordinates->bo.size()) own_coordinates->bo.setZero();
+  apart.geo.resize(L.heads);
+  apart.full.resize(L.heads);
+  apart.wo_norm = NormL2UpperGram(L.wo, opts.threads).value();
+  return apart;
+}
+
+// The winning candidate's name, and every candidate, into v.
+void NameVariation(const FirstOrderVariation& f, double second, bool second_order, double ell_max, NormKind p,
+                   CentredVariation* v) {
+  const double variation = std::min({f.split, f.joint, f.schur, second});
+  v->route = variation == second ? (v->heads_apart ? "variation sup ||J(X) - J(X0)|| (second order: radius x sup ||D^2 f||, "
+                                                     "heads apart: ||Wo|| x their stacked rows)"
+                                                   : "variation sup ||J(X) - J(X0)|| (second order: radius x sup ||D^2 f||)")
+             : variation == f.split ? "variation sup ||J(X) - J(X0)|| (value path + logit path)"
+             : variation == f.joint ? "variation sup ||J(X) - J(X0)|| (joint block-bound norm)"
+             : p == NormKind::kL2   ? "variation sup ||J(X) - J(X0)|| (row and column sums)"
+                                    : "variation sup ||J(X) - J(X0)|| (block-row sums)";
+  v->variation = UpperBound(variation);
+  v->alternatives = {
+      {"variation, value path ||dP (x) W|| x LayerNorm factor max_j ell_j", UpperBound(f.value_path)},
+      {"variation, logit path and diagonal E_i: ||R diag(ell)||", UpperBound(f.logit_path)},
+      {"variation, value path + logit path", UpperBound(f.split)},
+      {"variation, joint block-bound norm", UpperBound(f.joint)},
+      {p == NormKind::kL2 ? "variation, row and column sums" : "variation, block-row sums", UpperBound(f.schur)},
+      {"LayerNorm factor max_j ell_j", UpperBound(ell_max)},
+  };
+  if (second_order) v->alternatives.push_back({"variation, second order: radius x sup ||D^2 f||", UpperBound(second)});
+}
+}  // namespace
+
 CentredVariation CentredVariationBound(const AttentionLayer& L, const TokenCover& cover, const BoundOptions& opts,
                                        std::chrono::steady_clock::time_point refine_until, bool up_to_refine_until) {
   const int n = int(cover.center.rows());
@@ -198,33 +376,15 @@ CentredVariation CentredVariationBound(const AttentionLayer& L, const TokenCover
   std::vector<HeadGeometry>& geo = v.geo;
   std::vector<FactorBounds>& centre = v.centre;
   const Eigen::VectorXd zero = Eigen::VectorXd::Zero(n);
-  // sup ||J_M(z) - J_M(zc)|| <= kron + ||rd||, with rd the N x N block bounds; and the row
-  // sums of the block bounds of J(X) - J(X0) (columns scaled by ell), with the rows of dP and
-  // P0 on the simplex (see SimplexWeightedSumUp). Each head's share is computed on its own
-  // thread and the shares are added in head order below (the same bound for any threads).
-  struct HeadShare {
-    double kron = 0;
-    Eigen::MatrixXd full, rd;
-    Eigen::VectorXd row_sum;
-  };
   // Second order (norm 2): sup ||J_M(z) - J_M(zc)|| <= joint_z sup ||D^2 out||, with
   // ||D^2 out[U, U]|| bounded over the cover by SecondOrderSupUp.
   // (A point cover, joint radius 0, has nothing for it to bound: the first-order routes give
   // the rounding widths alone.)
   const bool second_order = p == NormKind::kL2 && std::isfinite(in.joint_z) && in.joint_z > 0;
   std::vector<FactorBounds> over_cover(second_order ? L.heads : 0);  // per head, for the second order at s = 1
-  // The heads apart (HeadsApart): dot heads whose values fill D.
   const bool apart_applies = second_order && L.kind == AttentionKind::kDot && L.heads * L.head_dim_v == L.d_model;
-  HeadsApart apart;
   AttentionLayer own_coordinates;
-  if (apart_applies) {
-    own_coordinates = L;
-    own_coordinates.wo = Eigen::MatrixXd::Identity(L.d_model, L.d_model);
-    if (own_coordinates.bo.size()) own_coordinates.bo.setZero();
-    apart.geo.resize(L.heads);
-    apart.full.resize(L.heads);
-    apart.wo_norm = NormL2UpperGram(L.wo, opts.threads).value();
-  }
+  HeadsApart apart = HeadsApartOf(L, opts, apart_applies, &own_coordinates);
   geo.assign(L.heads, HeadGeometry{});
   centre.assign(L.heads, FactorBounds{});
   std::vector<HeadShare> shares(L.heads);
@@ -235,104 +395,18 @@ CentredVariation CentredVariationBound(const AttentionLayer& L, const TokenCover
       return;
     }
     geo[h] = HeadGeometryAt(L, h, in.zc, p);
-    const HeadGeometry& G = geo[h];
-    const FactorBounds F = HeadFactorBounds(G, in.rho_z, in.joint_z, L.causal);
-    centre[h] = HeadFactorBounds(G, zero, 0.0, L.causal);
-    const FactorBounds& F0 = centre[h];
+    const FactorBounds F = HeadFactorBounds(geo[h], in.rho_z, in.joint_z, L.causal);
+    centre[h] = HeadFactorBounds(geo[h], zero, 0.0, L.causal);
     if (second_order) over_cover[h] = F;
     if (apart_applies) {
       apart.geo[h] = HeadGeometryAt(own_coordinates, h, in.zc, p);
       apart.full[h] = WithValuesOf(apart.geo[h], F, in.rho_z, L.causal);
     }
-    HeadShare& share = shares[h];
-    share.full = Eigen::MatrixXd::Zero(n, n);
-    share.rd = Eigen::MatrixXd::Zero(n, n);
-    share.row_sum = Eigen::VectorXd::Zero(n);
-    Eigen::MatrixXd& full = share.full;
-    Eigen::MatrixXd& rd = share.rd;
-    Eigen::VectorXd& row_sum = share.row_sum;
-    // The distance rows serve every query row: each sorted once (SimplexWeightedSumUp's order).
-    const std::vector<std::vector<int>> du_orders = DescendingRowOrders(G.du),
-                                        side_orders = DescendingRowOrders(G.dot ? G.db : G.dg);
-    // w_ij >= |P_ij(X) - P_ij(X0)|.
-    Eigen::MatrixXd w(n, n);
-    for (int i = 0; i < n; ++i)
-      for (int j = 0; j < n; ++j)
-        w(i, j) = std::max({SubUp(F.p_hi(i, j), F0.p_lo(i, j)), SubUp(F0.p_hi(i, j), F.p_lo(i, j)), 0.0});
-    share.kron = MulUp(NonnegNormUp(w, PrimalNorm(p)), G.w_norm);
-    for (int i = 0; i < n; ++i) {
-      if (DeadlinePassed(opts)) {
-        late = true;
-        return;
-      }
-      const int len = L.causal ? i + 1 : n;
-      const double rho_max = in.rho_z.head(len).maxCoeff();
-      // sum_k |P_ik - P0_ik| c_k <= the greedy sum with caps w_ik and total 2.
-      const Eigen::VectorXd w_i = w.row(i).transpose(), p0_i = F0.p_hi.row(i).transpose();
-      auto dp_sum = [&](const Eigen::MatrixXd& dist, const std::vector<std::vector<int>>& orders, int j) {
-        return SimplexWeightedSumUp(w_i, dist.row(j).transpose(), len, 2.0, orders[j]);
-      };
-      // Row i's terms, split by their weights (w or P0) for the row-sum bound below.
-      Eigen::VectorXd cw_t(len), cp_t(len), cw_e(len), cp_e(len);
-      double de = 0;
-      for (int j = 0; j < len; ++j) {
-        full(i, j) = AddUp(full(i, j), MulUp(w(i, j), G.w_norm));
-        // a_ij - a0_ij = du_j - dubar_i: ||.|| <= c_u (rho_j + max_k rho_k) + sum_k |dP_ik| ||u0_k - u0_j||.
-        const double da = AddUp(MulUp(G.c_u, AddUp(in.rho_z(j), rho_max)), dp_sum(G.du, du_orders, j));
-        double dg, db;
-        if (G.dot) {
-          dg = MulUp(G.c_g, in.rho_z(i));
-          db = AddUp(MulUp(G.c_b, AddUp(in.rho_z(j), rho_max)), dp_sum(G.db, side_orders, j));
-        } else {
-          dg = MulUp(2.0, MulUp(G.c_g, AddUp(in.rho_z(i), in.rho_z(j))));
-          db = MulUp(2.0, AddUp(MulUp(G.c_g, AddUp(in.rho_z(j), rho_max)), dp_sum(G.dg, side_orders, j)));
-        }
-        // P a g^T - P0 a0 g0^T = dP a g^T + P0 da g^T + P0 a0 dg^T (and likewise with b).
-        cw_t(j) = MulUp(AddUp(G.w_norm, MulUp(F.a_sup(i, j), F.g_sup(i, j))), in.ell(j));
-        cp_t(j) = MulUp(AddUp(MulUp(da, F.g_sup(i, j)), MulUp(F0.a_sup(i, j), dg)), in.ell(j));
-        cw_e(j) = MulUp(MulUp(F.a_sup(i, j), F.b_sup(i, j)), in.ell(i));
-        cp_e(j) = MulUp(AddUp(MulUp(da, F.b_sup(i, j)), MulUp(F0.a_sup(i, j), db)), in.ell(i));
-        const double dt = AddUp(MulUp(w(i, j), MulUp(F.a_sup(i, j), F.g_sup(i, j))),
-                                MulUp(F0.p_hi(i, j), AddUp(MulUp(da, F.g_sup(i, j)), MulUp(F0.a_sup(i, j), dg))));
-        rd(i, j) = AddUp(rd(i, j), dt);
-        de = AddUp(de, AddUp(MulUp(w(i, j), MulUp(F.a_sup(i, j), F.b_sup(i, j))),
-                             MulUp(F0.p_hi(i, j), AddUp(MulUp(da, F.b_sup(i, j)), MulUp(F0.a_sup(i, j), db)))));
-      }
-      rd(i, i) = AddUp(rd(i, i), de);
-      const double row = AddUp(AddUp(SimplexWeightedSumUp(w_i, cw_t, len, 2.0), SimplexWeightedSumUp(p0_i, cp_t, len)),
-                               AddUp(SimplexWeightedSumUp(w_i, cw_e, len, 2.0), SimplexWeightedSumUp(p0_i, cp_e, len)));
-      row_sum(i) = AddUp(row_sum(i), row);
-    }
+    if (!HeadShareOver(geo[h], F, centre[h], in, n, L.causal, opts, &shares[h])) late = true;
   });
   if (late) return v;
-  double kron = 0;
-  Eigen::MatrixXd full = Eigen::MatrixXd::Zero(n, n), rd = Eigen::MatrixXd::Zero(n, n);
-  Eigen::VectorXd row_sum = Eigen::VectorXd::Zero(n);
-  for (const HeadShare& share : shares) {
-    kron = AddUp(kron, share.kron);
-    for (Eigen::Index e = 0; e < full.size(); ++e) {
-      full.data()[e] = AddUp(full.data()[e], share.full.data()[e]);
-      rd.data()[e] = AddUp(rd.data()[e], share.rd.data()[e]);
-    }
-    for (int i = 0; i < n; ++i) row_sum(i) = AddUp(row_sum(i), share.row_sum(i));
-  }
+  const FirstOrderVariation first = FirstOrderVariationUp(SumShares(shares, n), in, p, n);
   const double ell_max = in.ell.maxCoeff();
-  Eigen::MatrixXd all(n, n);
-  for (int i = 0; i < n; ++i)
-    for (int j = 0; j < n; ++j) all(i, j) = AddUp(full(i, j), rd(i, j));
-  double col_max = 0;
-  for (int j = 0; j < n; ++j) {
-    double s = 0;
-    for (int i = 0; i < n; ++i) s = AddUp(s, all(i, j));
-    col_max = std::max(col_max, MulUp(s, in.ell(j)));
-  }
-  // ||B||_2 <= sqrt(||B||_inf ||B||_1) for the block-bound matrix B; in the inf norm the
-  // block-row sums bound ||J(X) - J(X0)||_inf themselves.
-  const double schur = p == NormKind::kL2 ? SqrtUp(MulUp(row_sum.maxCoeff(), col_max)) : row_sum.maxCoeff();
-  const double value_path = MulUp(kron, ell_max);
-  const double logit_path = ScaledNonnegNormUp(rd, in.ell, PrimalNorm(p));
-  const double split = AddUp(value_path, logit_path);
-  const double joint = ScaledNonnegNormUp(all, in.ell, PrimalNorm(p));
   // T(1) refines its columns, once they start, for at most a fifth of the time left (the
   // nodes: their tenth), and not past refine_until; with up_to_refine_until, for 0.65 of the
   // time left before it (T(1) bounds every node; with the heads apart at BERT-base size its
@@ -350,24 +424,7 @@ CentredVariation CentredVariationBound(const AttentionLayer& L, const TokenCover
     second = MulUp(ell_max, SecondOrderVariationUp(geo, in, L.causal, t_one, t_one_seconds, opts, refine_until,
                                                    up_to_refine_until, apart_or_null, route, &v.second_order_nodes));
   }
-  const double variation = std::min({split, joint, schur, second});
-  v.route = variation == second ? (v.heads_apart ? "variation sup ||J(X) - J(X0)|| (second order: radius x sup ||D^2 f||, "
-                                                   "heads apart: ||Wo|| x their stacked rows)"
-                                                 : "variation sup ||J(X) - J(X0)|| (second order: radius x sup ||D^2 f||)")
-            : variation == split ? "variation sup ||J(X) - J(X0)|| (value path + logit path)"
-            : variation == joint ? "variation sup ||J(X) - J(X0)|| (joint block-bound norm)"
-            : p == NormKind::kL2               ? "variation sup ||J(X) - J(X0)|| (row and column sums)"
-                                                 : "variation sup ||J(X) - J(X0)|| (block-row sums)";
-  v.variation = UpperBound(variation);
-  v.alternatives = {
-      {"variation, value path ||dP (x) W|| x LayerNorm factor max_j ell_j", UpperBound(value_path)},
-      {"variation, logit path and diagonal E_i: ||R diag(ell)||", UpperBound(logit_path)},
-      {"variation, value path + logit path", UpperBound(split)},
-      {"variation, joint block-bound norm", UpperBound(joint)},
-      {p == NormKind::kL2 ? "variation, row and column sums" : "variation, block-row sums", UpperBound(schur)},
-      {"LayerNorm factor max_j ell_j", UpperBound(ell_max)},
-  };
-  if (second_order) v.alternatives.push_back({"variation, second order: radius x sup ||D^2 f||", UpperBound(second)});
+  NameVariation(first, second, second_order, ell_max, p, &v);
   v.complete = true;
   return v;
 }
@@ -504,6 +561,68 @@ std::string CentreNormHow(const CentreNormReport& report, bool inf) {
                                                                 : std::string());
 }
 
+// The timed-out bound of a centre norm that ran out of time; its note says where the time
+// went: the variation's seconds, then the centre norm's progress.
+EngineBound CentreNormTimedOut(const char* name, double variation_s, int second_order_nodes,
+                               const CentreNormReport& report) {
+  EngineBound late = TimedOutBound(name);
+  late.note += " (the variation took " + std::to_string(variation_s) + " s with " +
+               std::to_string(second_order_nodes) + " second-order nodes; the centre norm, " + report.method +
+               ", stopped after " + std::to_string(report.seconds) + " s with " +
+               std::to_string(report.exact_blocks) + " blocks certified densely, assembly " +
+               std::to_string(report.assembly_seconds) + " s)";
+  return late;
+}
+
+// The variation is about the z-cover's floating centre zc, the centre norm about the exact
+// z0 = LN(x0) (enclosed): ||J_M(zc) - J_M(z0)|| <= the variation of MHA alone over the point
+// set's z-cover (LayerNorm's rounding only), times max_j sup ||J_LN(x_j)||. Empty where the
+// anchors differ or the variation ran out of time: no bound.
+std::optional<UpperBound> AnchorUp(const AttentionLayer& L, const TokenCover& cover, const CentredVariation& v,
+                                   const BoundOptions& opts) {
+  TokenCover point = cover;
+  point.radius.setZero();
+  point.frobenius = UpperBound(0.0);
+  const MhaInput in0 = MhaInputOver(L, point, NormKind::kL2);
+  if (in0.zc != v.in.zc) return std::nullopt;  // not the same anchor
+  AttentionLayer mha_alone = L;
+  mha_alone.layer_norm.reset();
+  const CentredVariation v0 = CentredVariationBound(mha_alone, TokenCover{in0.zc, in0.rho_z, UpperBound(in0.joint_z)}, opts);
+  if (!v0.complete) return std::nullopt;
+  return UpperBound(MulUp(v0.variation.value(), v.in.ell.maxCoeff()));
+}
+
+// The engine's bound from its terms: centre norm + variation + LayerNorm variation + anchor,
+// added in this order, and the centred form's halves.
+EngineBound CentreNormSum(const UpperBound& centre_norm, const CentredVariation& v, const UpperBound& ln_variation,
+                          const UpperBound& anchor, const std::string& how) {
+  EngineBound out;
+  out.upper = centre_norm + v.variation + ln_variation + anchor;
+  out.terms.push_back({"centre norm ||J(X0)|| (" + how + ")", centre_norm});
+  out.terms.push_back({v.route, v.variation});
+  if (v.in.residual) {
+    out.terms.push_back({"LayerNorm variation ||J_M(z0)|| max_j ||J_LN(x_j) - J_LN(x0_j)||", ln_variation});
+    out.terms.push_back({"LayerNorm rounding ||J_M(zc) - J_M(z0)|| max_j ||J_LN(x_j)||", anchor});
+  }
+  out.alternatives = v.alternatives;
+  // The centred form's halves: the centre norm, and the rest of the terms added in order.
+  double variation = 0;
+  for (size_t i = 1; i < out.terms.size(); ++i) variation = AddUp(variation, out.terms[i].value.value());
+  out.centre_norm = CentreNormTerms{centre_norm, UpperBound(variation)};
+  return out;
+}
+
+// Where the time went (the sublayer's second centre norm and variation are in neither).
+std::string CentreNormSeconds(double variation_s, int second_order_nodes, double centre_s) {
+  char seconds[128];
+  if (second_order_nodes > 0)
+    std::snprintf(seconds, sizeof seconds, "the variation took %.2f s (%d second-order nodes of 8), the centre norm %.2f s",
+                  variation_s, second_order_nodes, centre_s);
+  else
+    std::snprintf(seconds, sizeof seconds, "the variation took %.2f s, the centre norm %.2f s", variation_s, centre_s);
+  return seconds;
+}
+
 }  // namespace
 
 EngineBound CentreNormBound(const AttentionLayer& L, const TokenCover& cover, const BoundOptions& opts,
@@ -549,34 +668,14 @@ EngineBound CentreNormBound(const AttentionLayer& L, const TokenCover& cover, co
   const auto t_centre = std::chrono::steady_clock::now();
   const UpperBound centre_norm = centre_norm_of(co, &timed_out);
   const double centre_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_centre).count();
-  if (timed_out) {
-    // Where the time went: the variation's seconds, then the centre norm's progress.
-    EngineBound late = TimedOutBound(kName);
-    late.note += " (the variation took " + std::to_string(variation_s) + " s with " +
-                 std::to_string(v.second_order_nodes) + " second-order nodes; the centre norm, " + report.method +
-                 ", stopped after " + std::to_string(report.seconds) + " s with " +
-                 std::to_string(report.exact_blocks) + " blocks certified densely, assembly " +
-                 std::to_string(report.assembly_seconds) + " s)";
-    return late;
-  }
+  if (timed_out) return CentreNormTimedOut(kName, variation_s, v.second_order_nodes, report);
   // delta_ln is a 2-norm bound on D x D matrices; ||A||_inf <= sqrt(D) ||A||_2.
   const double ln_delta_p = inf ? MulUp(SqrtUp(double(L.d_model)), v.in.delta_ln.maxCoeff()) : v.in.delta_ln.maxCoeff();
   UpperBound ln_variation(0.0), anchor(0.0);
   if (v.in.residual) {
-    // The variation is about the z-cover's floating centre zc, the centre norm about the
-    // exact z0 = LN(x0) (enclosed): ||J_M(zc) - J_M(z0)|| <= the variation of MHA alone over
-    // the point set's z-cover (LayerNorm's rounding only), times max_j sup ||J_LN(x_j)||.
-    TokenCover point = cover;
-    point.radius.setZero();
-    point.frobenius = UpperBound(0.0);
-    const MhaInput in0 = MhaInputOver(L, point, NormKind::kL2);
-    if (in0.zc != v.in.zc) return TimedOutBound(kName);  // not the same anchor: no bound
-    AttentionLayer mha_alone = L;
-    mha_alone.layer_norm.reset();
-    const CentredVariation v0 =
-        CentredVariationBound(mha_alone, TokenCover{in0.zc, in0.rho_z, UpperBound(in0.joint_z)}, opts);
-    if (!v0.complete) return TimedOutBound(kName);
-    anchor = UpperBound(MulUp(v0.variation.value(), v.in.ell.maxCoeff()));
+    const std::optional<UpperBound> anchor_up = AnchorUp(L, cover, v, opts);
+    if (!anchor_up) return TimedOutBound(kName);
+    anchor = *anchor_up;
     CentreNormOptions mha = co;
     mha.mha_only = true;
     CentreNormReport centre_report = report;
@@ -585,29 +684,9 @@ EngineBound CentreNormBound(const AttentionLayer& L, const TokenCover& cover, co
     if (timed_out) return TimedOutBound(kName);
     ln_variation = UpperBound(MulUp(mha_norm.value(), ln_delta_p));
   }
-  EngineBound out;
-  out.upper = centre_norm + v.variation + ln_variation + anchor;
+  EngineBound out = CentreNormSum(centre_norm, v, ln_variation, anchor, CentreNormHow(report, inf));
   out.centre_inf_row = inf ? inf_report.row : -1;
-  const std::string how = CentreNormHow(report, inf);
-  out.terms.push_back({"centre norm ||J(X0)|| (" + how + ")", centre_norm});
-  out.terms.push_back({v.route, v.variation});
-  if (v.in.residual) {
-    out.terms.push_back({"LayerNorm variation ||J_M(z0)|| max_j ||J_LN(x_j) - J_LN(x0_j)||", ln_variation});
-    out.terms.push_back({"LayerNorm rounding ||J_M(zc) - J_M(z0)|| max_j ||J_LN(x_j)||", anchor});
-  }
-  out.alternatives = v.alternatives;
-  // The centred form's halves: the centre norm, and the rest of the terms added in order.
-  double variation = 0;
-  for (size_t i = 1; i < out.terms.size(); ++i) variation = AddUp(variation, out.terms[i].value.value());
-  out.centre_norm = CentreNormTerms{centre_norm, UpperBound(variation)};
-  // Where the time went (the sublayer's second centre norm and variation are in neither).
-  char seconds[128];
-  if (v.second_order_nodes > 0)
-    std::snprintf(seconds, sizeof seconds, "the variation took %.2f s (%d second-order nodes of 8), the centre norm %.2f s",
-                  variation_s, v.second_order_nodes, centre_s);
-  else
-    std::snprintf(seconds, sizeof seconds, "the variation took %.2f s, the centre norm %.2f s", variation_s, centre_s);
-  out.note = seconds;
+  out.note = CentreNormSeconds(variation_s, v.second_order_nodes, centre_s);
   return out;
 }
 

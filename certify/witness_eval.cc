@@ -184,41 +184,101 @@ IM PostLayerNormJvp(const LayerNormParams& ln, const IM& y, const IM& dy) {
   return FromIntervals(out, n, d);
 }
 
+// The pre-LN step of the JVP, row by row: z = gamma * (x - mean) / sigma + beta into *z and
+// its JVP along v into *dz.
+void PreLayerNormJvp(const LayerNormParams& ln, const Eigen::MatrixXd& x, const Eigen::MatrixXd& v, IM* z, IM* dz) {
+  const Eigen::Index n = x.rows(), d = x.cols();
+  std::vector<Interval> ze(n * d), dze(n * d);
+  const Interval dd{double(d)};
+  for (Eigen::Index i = 0; i < n; ++i) {
+    const LayerNormRowEnclosure r = EncloseLayerNormRow(ln, x.row(i));
+    Interval dsum(0.0), mxd(0.0);
+    for (Eigen::Index a = 0; a < d; ++a) {
+      dsum += Interval(v(i, a));
+      mxd += r.xhat[a] * Interval(v(i, a));
+    }
+    const Interval dmean = dsum / dd;
+    mxd = mxd / dd;
+    for (Eigen::Index a = 0; a < d; ++a) {
+      ze[i * d + a] = r.z[a];
+      dze[i * d + a] = Interval(ln.gamma(a)) * (Interval(v(i, a)) - dmean - r.xhat[a] * mxd) / r.sigma;
+    }
+  }
+  *z = FromIntervals(ze, n, d);
+  *dz = FromIntervals(dze, n, d);
+}
+
+// Head h's logits s (row-major N x N) and their JVP ds, from its queries q and their JVP dq.
+void HeadLogitsJvp(const AttentionLayer& L, int h, const IM& z, const IM& dz, const IM& q, const IM& dq,
+                   const Interval& scale, std::vector<Interval>* s, std::vector<Interval>* ds) {
+  const Eigen::Index n = z.rows();
+  const int dk = L.head_dim_qk;
+  s->assign(n * n, Interval(0.0));
+  ds->assign(n * n, Interval(0.0));
+  if (L.kind == AttentionKind::kDot) {
+    const Eigen::MatrixXd wk = L.wk_head(h);
+    const IM k = AddBias(Mul(z, Eigen::MatrixXd(wk.transpose())), L.bk, h * dk, dk);
+    const IM dk_ = Mul(dz, Eigen::MatrixXd(wk.transpose()));
+    const IM sm = Scale(scale, Mul(q, k.transpose()));
+    const IM dsm = Scale(scale, Mul(dq, k.transpose()) + Mul(q, dk_.transpose()));
+    for (Eigen::Index i = 0; i < n; ++i)
+      for (Eigen::Index j = 0; j < n; ++j) {
+        (*s)[i * n + j] = sm(i, j);
+        (*ds)[i * n + j] = dsm(i, j);
+      }
+    return;
+  }
+  // s_ij = -||q_i - q_j||^2 / sqrt(dk), ds_ij = -2 (q_i - q_j).(dq_i - dq_j) / sqrt(dk).
+  for (Eigen::Index i = 0; i < n; ++i)
+    for (Eigen::Index j = 0; j < n; ++j) {
+      Interval sq(0.0), dot(0.0);
+      for (int c = 0; c < dk; ++c) {
+        const Interval e = q(i, c) - q(j, c);
+        sq += Sqr(e);
+        dot += e * (dq(i, c) - dq(j, c));
+      }
+      (*s)[i * n + j] = -(sq * scale);
+      (*ds)[i * n + j] = Interval(-2.0) * dot * scale;
+    }
+}
+
+// P = softmax_row(s) (masked) into *pm and dP_ij = P_ij (ds_ij - sum_k P_ik ds_ik) into *dpm.
+void SoftmaxJvp(const std::vector<Interval>& s, const std::vector<Interval>& ds, Eigen::Index n, bool causal,
+                ExpBackend exp_backend, IM* pm, IM* dpm) {
+  std::vector<Interval> p(n * n, Interval(0.0)), dp(n * n, Interval(0.0));
+  for (Eigen::Index i = 0; i < n; ++i) {
+    const Eigen::Index len = causal ? i + 1 : n;
+    double shift = -kInf;
+    for (Eigen::Index j = 0; j < len; ++j) shift = std::max(shift, 0.5 * s[i * n + j].lo + 0.5 * s[i * n + j].hi);
+    if (!std::isfinite(shift)) shift = 0;
+    Interval zsum(0.0);
+    for (Eigen::Index j = 0; j < len; ++j) zsum += (p[i * n + j] = Exp(s[i * n + j] - Interval(shift), exp_backend));
+    Interval mean(0.0);
+    for (Eigen::Index j = 0; j < len; ++j) {
+      p[i * n + j] = p[i * n + j] / zsum;
+      mean += p[i * n + j] * ds[i * n + j];
+    }
+    for (Eigen::Index j = 0; j < len; ++j) dp[i * n + j] = p[i * n + j] * (ds[i * n + j] - mean);
+  }
+  *pm = FromIntervals(p, n, n);
+  *dpm = FromIntervals(dp, n, n);
+}
+
 }  // namespace
 
 void EncloseJvp(const AttentionLayer& L, const Eigen::MatrixXd& x, const Eigen::MatrixXd& v,
                 ExpBackend exp_backend, Eigen::MatrixXd* lo, Eigen::MatrixXd* hi) {
   CheckInputs(L, x, v);
   RequireRoundToNearest();
-  const Eigen::Index n = x.rows(), d = x.cols();
+  const Eigen::Index n = x.rows();
   IM z = IM::Point(x), dz = IM::Point(v);
-  if (L.layer_norm) {  // z = gamma * (x - mean) / sigma + beta and its JVP, row by row
-    const LayerNormParams& ln = *L.layer_norm;
-    std::vector<Interval> ze(n * d), dze(n * d);
-    const Interval dd{double(d)};
-    for (Eigen::Index i = 0; i < n; ++i) {
-      const LayerNormRowEnclosure r = EncloseLayerNormRow(ln, x.row(i));
-      Interval dsum(0.0), mxd(0.0);
-      for (Eigen::Index a = 0; a < d; ++a) {
-        dsum += Interval(v(i, a));
-        mxd += r.xhat[a] * Interval(v(i, a));
-      }
-      const Interval dmean = dsum / dd;
-      mxd = mxd / dd;
-      for (Eigen::Index a = 0; a < d; ++a) {
-        ze[i * d + a] = r.z[a];
-        dze[i * d + a] = Interval(ln.gamma(a)) * (Interval(v(i, a)) - dmean - r.xhat[a] * mxd) / r.sigma;
-      }
-    }
-    z = FromIntervals(ze, n, d);
-    dz = FromIntervals(dze, n, d);
-  }
+  if (L.layer_norm) PreLayerNormJvp(*L.layer_norm, x, v, &z, &dz);  // and its JVP, row by row
   IM dout = IM::Point(Eigen::MatrixXd::Zero(n, L.d_model));
   IM out = dout;  // MHA(x) itself, needed only by a post-LN layer
   for (int h = 0; h < L.heads; ++h) {
     const int dk = L.head_dim_qk;
     const Interval scale = InvSqrtDk(dk);
-    const Eigen::MatrixXd wq = L.wq_head(h), wk = L.wk_head(h), wv = L.wv_head(h), wo = L.wo_head(h);
+    const Eigen::MatrixXd wq = L.wq_head(h), wv = L.wv_head(h), wo = L.wo_head(h);
     const IM q = AddBias(Mul(z, Eigen::MatrixXd(wq.transpose())), L.bq, h * dk, dk);
     const IM dq = Mul(dz, Eigen::MatrixXd(wq.transpose()));
     // Values: V = Z Wv^T (dot) or Z A Wv^T = ((Z Wq^T) Wq / sqrt(dk)) Wv^T (l2), + bv.
@@ -231,49 +291,11 @@ void EncloseJvp(const AttentionLayer& L, const Eigen::MatrixXd& x, const Eigen::
       dval = Mul(Scale(scale, Mul(dq, wq)), Eigen::MatrixXd(wv.transpose()));
     }
     val = AddBias(val, L.bv, h * L.head_dim_v, L.head_dim_v);
-    // Logits and their JVP.
-    std::vector<Interval> s(n * n), ds(n * n);
-    if (L.kind == AttentionKind::kDot) {
-      const IM k = AddBias(Mul(z, Eigen::MatrixXd(wk.transpose())), L.bk, h * dk, dk);
-      const IM dk_ = Mul(dz, Eigen::MatrixXd(wk.transpose()));
-      const IM sm = Scale(scale, Mul(q, k.transpose()));
-      const IM dsm = Scale(scale, Mul(dq, k.transpose()) + Mul(q, dk_.transpose()));
-      for (Eigen::Index i = 0; i < n; ++i)
-        for (Eigen::Index j = 0; j < n; ++j) {
-          s[i * n + j] = sm(i, j);
-          ds[i * n + j] = dsm(i, j);
-        }
-    } else {
-      // s_ij = -||q_i - q_j||^2 / sqrt(dk), ds_ij = -2 (q_i - q_j).(dq_i - dq_j) / sqrt(dk).
-      for (Eigen::Index i = 0; i < n; ++i)
-        for (Eigen::Index j = 0; j < n; ++j) {
-          Interval sq(0.0), dot(0.0);
-          for (int c = 0; c < dk; ++c) {
-            const Interval e = q(i, c) - q(j, c);
-            sq += Sqr(e);
-            dot += e * (dq(i, c) - dq(j, c));
-          }
-          s[i * n + j] = -(sq * scale);
-          ds[i * n + j] = Interval(-2.0) * dot * scale;
-        }
-    }
-    // P = softmax_row(s) (masked) and dP_ij = P_ij (ds_ij - sum_k P_ik ds_ik).
-    std::vector<Interval> p(n * n, Interval(0.0)), dp(n * n, Interval(0.0));
-    for (Eigen::Index i = 0; i < n; ++i) {
-      const Eigen::Index len = L.causal ? i + 1 : n;
-      double shift = -kInf;
-      for (Eigen::Index j = 0; j < len; ++j) shift = std::max(shift, 0.5 * s[i * n + j].lo + 0.5 * s[i * n + j].hi);
-      if (!std::isfinite(shift)) shift = 0;
-      Interval zsum(0.0);
-      for (Eigen::Index j = 0; j < len; ++j) zsum += (p[i * n + j] = Exp(s[i * n + j] - Interval(shift), exp_backend));
-      Interval mean(0.0);
-      for (Eigen::Index j = 0; j < len; ++j) {
-        p[i * n + j] = p[i * n + j] / zsum;
-        mean += p[i * n + j] * ds[i * n + j];
-      }
-      for (Eigen::Index j = 0; j < len; ++j) dp[i * n + j] = p[i * n + j] * (ds[i * n + j] - mean);
-    }
-    const IM pm = FromIntervals(p, n, n), dpm = FromIntervals(dp, n, n);
+    // Logits and their JVP, then the softmax and its JVP.
+    std::vector<Interval> s, ds;
+    HeadLogitsJvp(L, h, z, dz, q, dq, scale, &s, &ds);
+    IM pm, dpm;
+    SoftmaxJvp(s, ds, n, L.causal, exp_backend, &pm, &dpm);
     const IM dhead = Mul(dpm, val) + Mul(pm, dval);
     dout = dout + Mul(dhead, Eigen::MatrixXd(wo.transpose()));
     if (L.post_layer_norm) out = out + Mul(Mul(pm, val), Eigen::MatrixXd(wo.transpose()));

@@ -156,28 +156,22 @@ std::string PointKey(const std::string& sha, int layer, SetKind set, bool relati
          "|centre=" + centre;
 }
 
-SweepSummary RunSweep(const SweepOptions& o) {
-  const auto start = std::chrono::steady_clock::now();
-  if (std::string e = o.IsValid(); !e.empty()) throw OptionError(e);
-  std::error_code ec;
-  fs::create_directories(o.out_dir, ec);
-  if (!fs::is_directory(o.out_dir)) throw OptionError("out: cannot create folder " + o.out_dir);
-  const std::string journal_path = (fs::path(o.out_dir) / "sweep.json").string();
+namespace {
+
+// Every model loaded (into *models, their journal entries into *models_json) and every point
+// planned, before anything is certified.
+std::vector<PlannedPoint> PlanSweep(const SweepOptions& o, std::vector<LoadedModel>* models, json* models_json) {
   const bool relative = !o.relative_radii.empty();
   const std::vector<double>& radii = relative ? o.relative_radii : o.radii;
   const std::vector<int> tokens_list = o.tokens_list.empty() ? std::vector<int>{o.tokens} : o.tokens_list;
-
-  // Load every model and plan every point before certifying anything.
-  std::vector<LoadedModel> models;
   std::vector<PlannedPoint> plan;
-  json models_json = json::array();
   for (size_t m = 0; m < o.models.size(); ++m) {
     LoadOptions lo;
     lo.preset = o.preset;
     lo.heads = o.heads;
     lo.layer = (o.layer.empty() || o.layer == "all") ? -1 : std::stoi(o.layer);
-    models.push_back(LoadModel(o.models[m], lo));
-    const LoadedModel& lm = models.back();
+    models->push_back(LoadModel(o.models[m], lo));
+    const LoadedModel& lm = models->back();
     std::vector<int> layers;
     if (o.layer == "all") {
       layers = lm.layer_indices;
@@ -185,8 +179,8 @@ SweepSummary RunSweep(const SweepOptions& o) {
       layers = {lm.layer_indices[SelectLayer(lm, o.layer.empty() ? -1 : std::stoi(o.layer))]};
     }
     const std::string centre = o.centres.size() == 1 ? o.centres[0] : o.centres[m];
-    models_json.push_back({{"path", o.models[m]}, {"sha256", lm.sha256}, {"preset", lm.preset}, {"layers", layers},
-                           {"centre", centre}});
+    models_json->push_back({{"path", o.models[m]}, {"sha256", lm.sha256}, {"preset", lm.preset}, {"layers", layers},
+                            {"centre", centre}});
     for (int layer : layers)
       for (int n : tokens_list)
         for (double r : radii) {
@@ -195,44 +189,54 @@ SweepSummary RunSweep(const SweepOptions& o) {
                           PointKey(lm.sha256, layer, o.set, relative, r, tokens, o.norm, o.attention_only, centre)});
         }
   }
-  // The request of one planned point (validated for every (model, layer, tokens) below).
-  auto request_of = [&](const PlannedPoint& p) {
-    CertifyRequest r;
-    r.model = {o.models[p.model], o.preset, p.layer, o.heads, o.attention_only};
-    r.set.kind = o.set;
-    r.set.centre = o.centres.size() == 1 ? o.centres[0] : o.centres[p.model];
-    r.set.tokens = p.tokens;
-    (relative ? r.set.relative_radius : r.set.radius) = p.radius;
-    r.options.norm = o.norm;
-    r.options.time_limit_s = o.time_limit_per_point_s;
-    r.options.budget = o.budget;
-    r.options.threads = o.threads;
-    r.options.progress = false;
-    return r;
-  };
-  // Validate one request per (model, layer) now (centre file, shapes), not at its first point.
+  return plan;
+}
+
+// The request of one planned point.
+CertifyRequest RequestOf(const SweepOptions& o, const PlannedPoint& p) {
+  const bool relative = !o.relative_radii.empty();
+  CertifyRequest r;
+  r.model = {o.models[p.model], o.preset, p.layer, o.heads, o.attention_only};
+  r.set.kind = o.set;
+  r.set.centre = o.centres.size() == 1 ? o.centres[0] : o.centres[p.model];
+  r.set.tokens = p.tokens;
+  (relative ? r.set.relative_radius : r.set.radius) = p.radius;
+  r.options.norm = o.norm;
+  r.options.time_limit_s = o.time_limit_per_point_s;
+  r.options.budget = o.budget;
+  r.options.threads = o.threads;
+  r.options.progress = false;
+  return r;
+}
+
+// Validates one request per (model, layer, tokens) now (centre file, shapes), not at its first point.
+void ValidatePlan(const SweepOptions& o, const std::vector<PlannedPoint>& plan, const std::vector<LoadedModel>& models) {
   std::map<std::string, bool> checked;
   for (const PlannedPoint& p : plan) {
     const std::string mk = std::to_string(p.model) + "/" + std::to_string(p.layer) + "/" + std::to_string(p.tokens);
     if (checked[mk]) continue;
     checked[mk] = true;
-    (void)PrepareJob(request_of(p), models[p.model]);
+    (void)PrepareJob(RequestOf(o, p), models[p.model]);
   }
+}
+
+// Resume: the journal's points that this sweep plans are kept, by key; others mean another
+// sweep. *journal is the journal read, or empty where there is none or another build of
+// lipcert wrote it (its points are certified again and the journal rewritten).
+std::map<std::string, json> JournalledPoints(const SweepOptions& o, const std::string& journal_path,
+                                             const std::vector<PlannedPoint>& plan, json* journal) {
   std::set<std::string> planned;
   for (const PlannedPoint& p : plan) planned.insert(p.key);
-
-  // Resume: the journal's points that this sweep plans are kept; others mean another sweep.
-  json journal = ReadJournal(journal_path);
+  *journal = ReadJournal(journal_path);
   std::map<std::string, json> done;
-  // Another build of lipcert: its points are certified again (the journal is then rewritten).
-  if (journal.is_object() && journal.value("lipcert_build", std::string()) != ExecutableSha256()) {
+  if (journal->is_object() && journal->value("lipcert_build", std::string()) != ExecutableSha256()) {
     if (o.progress)
       std::fprintf(stderr, "sweep: %s was written by another build of lipcert: its points are certified again\n",
                    journal_path.c_str());
-    journal = json();
+    *journal = json();
   }
-  if (journal.is_object()) {
-    for (const json& p : journal["points"]) {
+  if (journal->is_object()) {
+    for (const json& p : (*journal)["points"]) {
       const std::string key = p["key"].get<std::string>();
       if (!planned.count(key))
         throw OptionError("out: " + journal_path + " holds a different sweep (point " + key +
@@ -240,27 +244,80 @@ SweepSummary RunSweep(const SweepOptions& o) {
       done[key] = p;
     }
   }
+  return done;
+}
+
+// The sweep document before its points: what was asked, by which build, since when.
+json SweepHeader(const SweepOptions& o, const json& journal, const json& models_json, int total_points) {
+  const bool relative = !o.relative_radii.empty();
+  const std::vector<double>& radii = relative ? o.relative_radii : o.radii;
   const int threads = o.threads > 0 ? o.threads : int(std::max(1u, std::thread::hardware_concurrency()));
-  json doc = {{"schema", "lipcert.sweep/1"},
-              {"lipcert_version", LipcertVersion()},
-              {"lipcert_build", ExecutableSha256()},
-              {"command_line", o.command_line},
-              {"started", journal.is_object() ? journal.value("started", UtcNow()) : UtcNow()},
-              {"updated", UtcNow()},
-              {"threads", threads},
-              {"set", SetKindToString(o.set)},
-              {"norm", NormKindToString(o.norm)},
-              {"attention_only", o.attention_only},
-              {"radius_kind", relative ? "relative" : "absolute"},
-              {"radii", radii},
-              {"tokens_list", o.tokens_list.empty() ? json::array() : json(o.tokens_list)},
-              {"time_limit_per_point_s", o.time_limit_per_point_s},
-              {"budget", o.budget.enabled() ? json(WorkBudgetToString(o.budget)) : json(nullptr)},
-              {"layer", o.layer.empty() ? json("only") : json(o.layer)},
-              {"models", models_json},
-              {"total_points", int(plan.size())},
-              {"complete", false},
-              {"points", json::array()}};
+  return {{"schema", "lipcert.sweep/1"},
+          {"lipcert_version", LipcertVersion()},
+          {"lipcert_build", ExecutableSha256()},
+          {"command_line", o.command_line},
+          {"started", journal.is_object() ? journal.value("started", UtcNow()) : UtcNow()},
+          {"updated", UtcNow()},
+          {"threads", threads},
+          {"set", SetKindToString(o.set)},
+          {"norm", NormKindToString(o.norm)},
+          {"attention_only", o.attention_only},
+          {"radius_kind", relative ? "relative" : "absolute"},
+          {"radii", radii},
+          {"tokens_list", o.tokens_list.empty() ? json::array() : json(o.tokens_list)},
+          {"time_limit_per_point_s", o.time_limit_per_point_s},
+          {"budget", o.budget.enabled() ? json(WorkBudgetToString(o.budget)) : json(nullptr)},
+          {"layer", o.layer.empty() ? json("only") : json(o.layer)},
+          {"models", models_json},
+          {"total_points", total_points},
+          {"complete", false},
+          {"points", json::array()}};
+}
+
+// Certifies one planned point; its journal entry.
+json CertifyPoint(const SweepOptions& o, const PlannedPoint& p, const LoadedModel& model, Progress* progress) {
+  const bool relative = !o.relative_radii.empty();
+  const CertifyRequest r = RequestOf(o, p);
+  PreparedJob job = PrepareJob(r, model);
+  job.options.on_improvement = [progress](const Certificate& c) { progress->Improved(c); };
+  char what[256];
+  std::snprintf(what, sizeof what, "%s layer %d N=%d %s=%g", ModelStem(o.models[p.model]).c_str(), p.layer,
+                job.set.tokens(), relative ? "rel" : "R", p.radius);
+  progress->Start(what);
+  const CertifyOutcome out = RunJob(job);
+  progress->Done(out.certificate);
+  return {{"key", p.key},
+          {"model", {{"path", o.models[p.model]}, {"sha256", model.sha256}}},
+          {"layer", p.layer},
+          {"set", SetKindToString(o.set)},
+          {"radius_kind", relative ? "relative" : "absolute"},
+          {"radius_request", p.radius},
+          {"radius", job.set.radius},
+          {"tokens", job.set.tokens()},
+          {"norm", NormKindToString(o.norm)},
+          {"attention_only", o.attention_only},
+          {"centre", r.set.centre},
+          {"finished", UtcNow()},
+          {"certificate", ToJson(out.certificate)}};
+}
+
+}  // namespace
+
+SweepSummary RunSweep(const SweepOptions& o) {
+  const auto start = std::chrono::steady_clock::now();
+  if (std::string e = o.IsValid(); !e.empty()) throw OptionError(e);
+  std::error_code ec;
+  fs::create_directories(o.out_dir, ec);
+  if (!fs::is_directory(o.out_dir)) throw OptionError("out: cannot create folder " + o.out_dir);
+  const std::string journal_path = (fs::path(o.out_dir) / "sweep.json").string();
+
+  std::vector<LoadedModel> models;
+  json models_json = json::array();
+  const std::vector<PlannedPoint> plan = PlanSweep(o, &models, &models_json);
+  ValidatePlan(o, plan, models);
+  json journal;
+  std::map<std::string, json> done = JournalledPoints(o, journal_path, plan, &journal);
+  json doc = SweepHeader(o, journal, models_json, int(plan.size()));
   SweepSummary summary;
   summary.total = int(plan.size());
   summary.json_path = journal_path;
@@ -275,28 +332,7 @@ SweepSummary RunSweep(const SweepOptions& o) {
                  summary.total);
   for (const PlannedPoint& p : plan) {
     if (done.count(p.key)) continue;
-    const CertifyRequest r = request_of(p);
-    PreparedJob job = PrepareJob(r, models[p.model]);
-    job.options.on_improvement = [&progress](const Certificate& c) { progress.Improved(c); };
-    char what[256];
-    std::snprintf(what, sizeof what, "%s layer %d N=%d %s=%g", ModelStem(o.models[p.model]).c_str(), p.layer,
-                  job.set.tokens(), relative ? "rel" : "R", p.radius);
-    progress.Start(what);
-    const CertifyOutcome out = RunJob(job);
-    progress.Done(out.certificate);
-    doc["points"].push_back({{"key", p.key},
-                             {"model", {{"path", o.models[p.model]}, {"sha256", models[p.model].sha256}}},
-                             {"layer", p.layer},
-                             {"set", SetKindToString(o.set)},
-                             {"radius_kind", relative ? "relative" : "absolute"},
-                             {"radius_request", p.radius},
-                             {"radius", job.set.radius},
-                             {"tokens", job.set.tokens()},
-                             {"norm", NormKindToString(o.norm)},
-                             {"attention_only", o.attention_only},
-                             {"centre", r.set.centre},
-                             {"finished", UtcNow()},
-                             {"certificate", ToJson(out.certificate)}});
+    doc["points"].push_back(CertifyPoint(o, p, models[p.model], &progress));
     doc["updated"] = UtcNow();
     WriteFileAtomic(journal_path, doc.dump(1) + "\n");
     WriteFileAtomic((fs::path(o.out_dir) / "sweep.csv").string(), SweepCsv(doc));
