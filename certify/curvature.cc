@@ -299,45 +299,28 @@ IntervalMatrix ProjectCover(const Eigen::MatrixXd& x0, const Eigen::VectorXd& ra
   return out;
 }
 
-// The certified sup of the curvature over the per-token balls (radius empty or all zero: at x0).
-CurvatureBound CurvatureOverTokenBalls(const AttentionLayer& L, const Eigen::MatrixXd& x0,
-                                       const Eigen::VectorXd& radius, const CurvatureOptions& opts) {
-  const auto t0 = std::chrono::steady_clock::now();
-  CurvatureBound out;
-  auto done = [&]() {
-    out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    return out;
-  };
-  if (!opts.IsValid(&out.message)) return done();
-  if (L.kind != AttentionKind::kDot) {
-    out.message = "curvature: only dot-product attention is supported";
-    return done();
-  }
-  if (L.layer_norm || L.post_layer_norm) {
-    out.message = "curvature: only MHA alone is supported (no LayerNorm sublayer)";
-    return done();
-  }
-  const int n = int(x0.rows()), dm = L.d_model, H = L.heads, dk = L.head_dim_qk, dv = L.head_dim_v;
-  if (x0.cols() != dm || n < 1) {
-    out.message = "curvature: x0 must have d_model columns and at least one row";
-    return done();
-  }
-  if (radius.size() != 0 && (radius.size() != n || !(radius.minCoeff() >= 0))) {
-    out.message = "curvature: the cover's radii must be N values >= 0";
-    return done();
-  }
-  if (radius.size() != 0 && !std::isfinite(radius.maxCoeff())) {
-    out.message = "curvature: the cover's radius is unbounded";
-    return done();
-  }
-  if (long(n) * dm > opts.max_gram_size) {
-    out.message = "curvature: N * D = " + std::to_string(long(n) * dm) + " exceeds max_gram_size";
-    return done();
-  }
-  RequireRoundToNearest();
-  const Interval s = InvSqrt(Interval(double(dk)));
-  const Ball sb(0.5 * s.lo + 0.5 * s.hi, curvature_internal::U(std::max(SubUp(s.hi, 0.5 * s.lo + 0.5 * s.hi),
-                                                   SubUp(0.5 * s.lo + 0.5 * s.hi, s.lo))));
+// "" when the curvature applies to this layer, centre and cover, else why not.
+std::string CurvatureRefusal(const AttentionLayer& L, const Eigen::MatrixXd& x0, const Eigen::VectorXd& radius,
+                             const CurvatureOptions& opts) {
+  std::string message;
+  if (!opts.IsValid(&message)) return message;
+  if (L.kind != AttentionKind::kDot) return "curvature: only dot-product attention is supported";
+  if (L.layer_norm || L.post_layer_norm) return "curvature: only MHA alone is supported (no LayerNorm sublayer)";
+  const long n = x0.rows();
+  if (x0.cols() != L.d_model || n < 1) return "curvature: x0 must have d_model columns and at least one row";
+  if (radius.size() != 0 && (radius.size() != n || !(radius.minCoeff() >= 0)))
+    return "curvature: the cover's radii must be N values >= 0";
+  if (radius.size() != 0 && !std::isfinite(radius.maxCoeff())) return "curvature: the cover's radius is unbounded";
+  if (n * L.d_model > opts.max_gram_size)
+    return "curvature: N * D = " + std::to_string(n * L.d_model) + " exceeds max_gram_size";
+  return "";
+}
+
+// Each head's enclosures over the cover (queries, keys, values, softmax ranges and the logits'
+// gradients); the logits' radii and the softmax ranges' widths go to `out` as diagnostics.
+std::vector<HeadData> HeadsOverCover(const AttentionLayer& L, const Eigen::MatrixXd& x0, const Eigen::VectorXd& radius,
+                                     const Ball& sb, const Interval& s, CurvatureBound* out) {
+  const int n = int(x0.rows()), H = L.heads, dk = L.head_dim_qk, dv = L.head_dim_v;
   std::vector<HeadData> heads(H);
   long entries = 0;
   for (int h = 0; h < H; ++h) {
@@ -353,10 +336,10 @@ CurvatureBound CurvatureOverTokenBalls(const AttentionLayer& L, const Eigen::Mat
     const ProbabilityMatrixBounds pb = SoftmaxRowsRange(logits, L.causal);
     for (int i = 0; i < n; ++i)
       for (int j = 0; j < (L.causal ? i + 1 : n); ++j) {
-        out.logit_radius_max = std::max(out.logit_radius_max, logits.rad(i, j));
-        out.logit_radius_mean += logits.rad(i, j);
-        out.softmax_width_max = std::max(out.softmax_width_max, pb.hi(i, j) - pb.lo(i, j));
-        out.softmax_width_mean += pb.hi(i, j) - pb.lo(i, j);
+        out->logit_radius_max = std::max(out->logit_radius_max, logits.rad(i, j));
+        out->logit_radius_mean += logits.rad(i, j);
+        out->softmax_width_max = std::max(out->softmax_width_max, pb.hi(i, j) - pb.lo(i, j));
+        out->softmax_width_mean += pb.hi(i, j) - pb.lo(i, j);
         ++entries;
       }
     HeadData& hd = heads[h];
@@ -370,16 +353,22 @@ CurvatureBound CurvatureOverTokenBalls(const AttentionLayer& L, const Eigen::Mat
     hd.wk = wk;
     hd.s = sb;
   }
-  out.logit_radius_mean /= double(std::max(1L, entries));
-  out.softmax_width_mean /= double(std::max(1L, entries));
+  out->logit_radius_mean /= double(std::max(1L, entries));
+  out->softmax_width_mean /= double(std::max(1L, entries));
+  return heads;
+}
+
+// The heads' Gram Gt over (i, h, c) x (i', h', c'): the upper block triangle on the threads,
+// mirrored. False when the time limit (counted from t0) passed first.
+bool HeadSpaceGram(const std::vector<HeadData>& heads, int n, int dv, const CurvatureOptions& opts,
+                   std::chrono::steady_clock::time_point t0, IntervalMatrix* gt) {
+  const int H = int(heads.size());
   std::vector<PairData> pairs(size_t(H) * H);
   for (int h = 0; h < H; ++h)
     for (int hp = 0; hp < H; ++hp) pairs[size_t(h) * H + hp] = MakePair(heads[h], heads[hp]);
   std::vector<RowHead> rows(size_t(n) * H);
   for (int i = 0; i < n; ++i)
     for (int h = 0; h < H; ++h) rows[size_t(i) * H + h] = MakeRowHead(heads[h], i);
-
-  // Gt over (i, h, c) x (i', h', c'), upper block triangle, then mirrored.
   const long nt = long(n) * H * dv;
   Eigen::MatrixXd gmid = Eigen::MatrixXd::Zero(nt, nt), grad = Eigen::MatrixXd::Zero(nt, nt);
   const int units = n * H;
@@ -419,15 +408,17 @@ CurvatureBound CurvatureOverTokenBalls(const AttentionLayer& L, const Eigen::Mat
     for (int t = 0; t < opts.threads; ++t) pool.emplace_back(work, t);
     for (auto& th : pool) th.join();
   }
-  if (timed_out || over_time()) {
-    out.message = "curvature: time limit reached";
-    return done();
-  }
-  // G = (I (x) Wo) Gt (I (x) Wo)^T, block by block (Gt's (i, i') block is (H dv) x (H dv)).
-  const long nd = long(n) * dm, hv = long(H) * dv;
+  if (timed_out || over_time()) return false;
+  *gt = IntervalMatrix(std::move(gmid), std::move(grad));
+  return true;
+}
+
+// G = (I (x) Wo) Gt (I (x) Wo)^T, block by block (Gt's (i, i') block is (H dv) x (H dv)).
+// Gt is consumed: the (N D)^2 matrices dominate the memory.
+IntervalMatrix OutputGram(IntervalMatrix gt, const AttentionLayer& L, int n) {
+  const int dm = L.d_model;
+  const long nd = long(n) * dm, hv = long(L.heads) * L.head_dim_v;
   Eigen::MatrixXd m2 = Eigen::MatrixXd::Zero(nd, nd), r2 = Eigen::MatrixXd::Zero(nd, nd);
-  {  // Gt is released before G is certified (memory: the (N D)^2 matrices dominate).
-  const IntervalMatrix gt(std::move(gmid), std::move(grad));
   const Eigen::MatrixXd wo = L.wo, wot = L.wo.transpose();
   for (int i = 0; i < n; ++i) {
     // Wo * (block row i of Gt): D x (N H dv)
@@ -444,8 +435,33 @@ CurvatureBound CurvatureOverTokenBalls(const AttentionLayer& L, const Eigen::Mat
       }
     }
   }
+  gt = IntervalMatrix();
+  return SymmetrizeEnclosure(IntervalMatrix(std::move(m2), std::move(r2)));
+}
+
+// The certified sup of the curvature over the per-token balls (radius empty or all zero: at x0).
+CurvatureBound CurvatureOverTokenBalls(const AttentionLayer& L, const Eigen::MatrixXd& x0,
+                                       const Eigen::VectorXd& radius, const CurvatureOptions& opts) {
+  const auto t0 = std::chrono::steady_clock::now();
+  CurvatureBound out;
+  auto done = [&]() {
+    out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    return out;
+  };
+  out.message = CurvatureRefusal(L, x0, radius, opts);
+  if (!out.message.empty()) return done();
+  RequireRoundToNearest();
+  const int n = int(x0.rows());
+  const Interval s = InvSqrt(Interval(double(L.head_dim_qk)));
+  const Ball sb(0.5 * s.lo + 0.5 * s.hi, curvature_internal::U(std::max(SubUp(s.hi, 0.5 * s.lo + 0.5 * s.hi),
+                                                   SubUp(0.5 * s.lo + 0.5 * s.hi, s.lo))));
+  const std::vector<HeadData> heads = HeadsOverCover(L, x0, radius, sb, s, &out);
+  IntervalMatrix gt;
+  if (!HeadSpaceGram(heads, n, L.head_dim_v, opts, t0, &gt)) {
+    out.message = "curvature: time limit reached";
+    return done();
   }
-  const IntervalMatrix G = SymmetrizeEnclosure(IntervalMatrix(std::move(m2), std::move(r2)));
+  const IntervalMatrix G = OutputGram(std::move(gt), L, n);
   NormL2Report report;
   const UpperBound lam = LambdaMaxUpper(G, NormL2Options{}, &report);
   out.estimate = std::sqrt(std::max(0.0, report.estimate));

@@ -303,6 +303,37 @@ MhaPieces PiecesOf(const Certificate& c) {
   return m;
 }
 
+// Over a set: MHA's centre from the row blocks of J_M(X0) (they also size the cover of Y
+// token by token) and MHA's variation where its certificate has none.
+void TightenMhaInputsOverSet(const AttentionLayer& mha, const InputSet& set, const TokenCover& cover, NormKind p,
+                             int threads, std::chrono::steady_clock::time_point deadline, long inf_dense_limit,
+                             PostLnVariationInputs* in) {
+  // The rows of J_M(X0) size the cover of Y token by token; ||J_M(X0)||_2^2 <= sum_i ||J_{M,i}(X0)||_2^2.
+  in->mha_row_centre_l2 = MhaRowBlockNormsUp(mha, set.center, inf_dense_limit, threads, deadline);
+  if (in->mha_row_centre_l2.size()) {
+    double sum2 = 0;
+    for (Eigen::Index i = 0; i < in->mha_row_centre_l2.size(); ++i)
+      sum2 = AddUp(sum2, MulUp(in->mha_row_centre_l2(i), in->mha_row_centre_l2(i)));
+    if (SqrtUp(sum2) < in->mha_l2_centre.value()) in->mha_l2_centre = UpperBound(SqrtUp(sum2));
+    if (p == NormKind::kL2 && SqrtUp(sum2) < in->mha_centre.value()) in->mha_centre = UpperBound(SqrtUp(sum2));
+  }
+  // MHA's variation where its certificate has none: the centred form's variation half
+  // (certify/centred_engine.h), refining for half of the time left.
+  const auto variation_of = [&](NormKind q) {
+    BoundOptions bo;
+    bo.norm = q;
+    bo.threads = threads;
+    bo.deadline = deadline;
+    const auto now = std::chrono::steady_clock::now();
+    const auto refine = deadline == std::chrono::steady_clock::time_point::max() ? deadline : now + (deadline - now) / 2;
+    const CentredVariation v = CentredVariationBound(mha, cover, bo, refine);
+    return v.complete ? v.variation : UpperBound(kInf);
+  };
+  if (!std::isfinite(in->mha_l2_variation.value())) in->mha_l2_variation = variation_of(NormKind::kL2);
+  if (p == NormKind::kL2) in->mha_variation = in->mha_l2_variation;
+  else if (!std::isfinite(in->mha_variation.value())) in->mha_variation = variation_of(p);
+}
+
 }  // namespace
 
 EngineResult PostLnVariationCandidate(const AttentionLayer& L, const InputSet& set, NormKind p,
@@ -332,32 +363,8 @@ EngineResult PostLnVariationCandidate(const AttentionLayer& L, const InputSet& s
   in.mha_centre = mp.centre;
   in.mha_variation = mp.variation;
   const AttentionLayer mha = L.WithoutPostLayerNorm();
-  if (set.radius > 0) {
-    // The rows of J_M(X0) size the cover of Y token by token; ||J_M(X0)||_2^2 <= sum_i ||J_{M,i}(X0)||_2^2.
-    in.mha_row_centre_l2 = MhaRowBlockNormsUp(mha, set.center, inf_dense_limit, threads, deadline);
-    if (in.mha_row_centre_l2.size()) {
-      double sum2 = 0;
-      for (Eigen::Index i = 0; i < in.mha_row_centre_l2.size(); ++i)
-        sum2 = AddUp(sum2, MulUp(in.mha_row_centre_l2(i), in.mha_row_centre_l2(i)));
-      if (SqrtUp(sum2) < in.mha_l2_centre.value()) in.mha_l2_centre = UpperBound(SqrtUp(sum2));
-      if (p == NormKind::kL2 && SqrtUp(sum2) < in.mha_centre.value()) in.mha_centre = UpperBound(SqrtUp(sum2));
-    }
-    // MHA's variation where its certificate has none: the centred form's variation half
-    // (certify/centred_engine.h), refining for half of the time left.
-    const auto variation_of = [&](NormKind q) {
-      BoundOptions bo;
-      bo.norm = q;
-      bo.threads = threads;
-      bo.deadline = deadline;
-      const auto now = std::chrono::steady_clock::now();
-      const auto refine = deadline == std::chrono::steady_clock::time_point::max() ? deadline : now + (deadline - now) / 2;
-      const CentredVariation v = CentredVariationBound(mha, cover, bo, refine);
-      return v.complete ? v.variation : UpperBound(kInf);
-    };
-    if (!std::isfinite(in.mha_l2_variation.value())) in.mha_l2_variation = variation_of(NormKind::kL2);
-    if (p == NormKind::kL2) in.mha_variation = in.mha_l2_variation;
-    else if (!std::isfinite(in.mha_variation.value())) in.mha_variation = variation_of(p);
-  }
+  if (set.radius > 0)
+    TightenMhaInputsOverSet(mha, set, cover, p, threads, deadline, inf_dense_limit, &in);
   if (p == NormKind::kL2) {
     in.centre = centre_l2;
     if (!std::isfinite(centre_l2.value())) {
