@@ -53,12 +53,15 @@ import glob, json, os, sys
 d = sys.argv[1]
 print("| layer | relative radius | certified upper | witnessed lower | gap | winner (dominant term) | seconds | peak memory |")
 print("| --- | --- | --- | --- | --- | --- | --- | --- |")
-for f in sorted(glob.glob(os.path.join(d, "*.json"))):
+def key(f):
+    name, r = os.path.basename(f)[:-5].rsplit("_r", 1)
+    return name, float(r)
+for f in sorted(glob.glob(os.path.join(d, "*.json")), key=key):
     c = json.load(open(f))
     secs, kib = open(f[:-5] + ".time").read().split()
     name, r = os.path.basename(f)[:-5].rsplit("_r", 1)
     w = c.get("winner") or {}
-    dom = (w.get("dominant_term") or {}).get("name", "")
+    dom = (w.get("dominant_term") or {}).get("name", "").replace("|", "\\|")
     up, lo = c["upper_bound"], c["lower_bound"]
     gap = "n/a" if not lo else f"{up / lo:.4g}"
     print(f"| {name} | {float(r):g} | {up:.6g} | {lo:.6g} | {gap} | {w.get('engine', '')} ({dom}) "
