@@ -31,11 +31,9 @@ namespace {
 // basis's J^T J product and the three GEMMs of every block with V and Y) and
 // kSecondsPerVector2 N D k^2 (the basis's reorthogonalisation, V^T V, the Gram matrices of
 // Y and E^T Y). It predicted 35.3, 51.5 and 74.4 s at N = 64 and 13.4 s at N = 32.
-// Since the basis's products keep the centre's state (PointProducts, stop 33: a J^T J
-// product at N = 64 went from 18 ms to 6.5 ms on the 2-core EPYC) and its Lanczos steps
-// reorthogonalise once, the per-vector term is 1.6e-11 lower: the model predicts 32.4, 45.8
-// and 65.3 s at N = 64 and 12.0 s at N = 32, against the EPYC's 52.3, 71.1, 100.8 and
-// 20.7 s (1.4-1.7x: the EPYC runs this route about 1.5x the reference machine's time).
+// The basis's products keep the centre's state (PointProducts) and its Lanczos steps
+// reorthogonalise once, which the per-vector term counts. The constants are scaled by the
+// running machine's calibration (certify/time_model.h).
 
 // The constants (kPlainShare, kSecondsPerVector, kSecondsPerVector2, kSecondsPerProduct)
 // are in certify/time_model.h, scaled here by the calibrated GEMM slowdown (the basis and
