@@ -19,35 +19,17 @@
 #include "certify/witness_eval.h"
 #include "models/forward.h"
 #include "models/random_layer.h"
+#include "tests/certify/test_util.h"
 #include "tests/common/test_scale.h"
 
 namespace lipcert {
-
-template <>
-struct ScalarToDouble<mpfr::mpreal> {
-  static double Get(const mpfr::mpreal& v) { return v.toDouble(); }
-};
 
 namespace {
 
 using mpfr::mpreal;
 using M = Eigen::Matrix<mpreal, Eigen::Dynamic, Eigen::Dynamic>;
 
-AttentionLayer RandomPostLn(int c, std::mt19937_64& rng) {
-  RandomLayerSpec spec;
-  spec.kind = c % 2 ? AttentionKind::kL2 : AttentionKind::kDot;
-  spec.causal = c % 3 == 1;
-  spec.biases = c % 4 != 3;
-  spec.layer_norm = true;
-  spec.d = 3 + c % 3;
-  spec.heads = 1 + c % 2;
-  spec.dk = 2;
-  spec.qk_scale = 1 + c % 3;
-  AttentionLayer L = RandomAttentionLayer(spec, rng);
-  L.post_layer_norm = L.layer_norm;
-  L.layer_norm.reset();
-  return L;
-}
+using testing_util::RandomPostLn;
 
 // ||J_f(x) v|| / ||v|| at 256 bits, in the norm.
 double ExactRatio(const AttentionLayer& L, const Eigen::MatrixXd& x, const Eigen::MatrixXd& v, NormKind norm) {

@@ -9,6 +9,7 @@
 
 #include "certify/input_set.h"
 #include "models/forward.h"
+#include "models/random_layer.h"
 #include "tests/common/test_scale.h"
 
 namespace lipcert {
@@ -68,6 +69,24 @@ inline AttentionLayer RandomLayer(std::mt19937_64& rng, const RandomLayerOptions
     ln.eps = 1e-5 * std::pow(10.0, std::uniform_int_distribution<int>(0, 4)(rng));
     L.layer_norm = ln;
   }
+  return L;
+}
+
+// Case c of the post-LN property tests: a small random LN(X + MHA(X)) layer (dot or L2,
+// causal or not, with or without biases).
+inline AttentionLayer RandomPostLn(int c, std::mt19937_64& rng) {
+  RandomLayerSpec spec;
+  spec.kind = c % 2 ? AttentionKind::kL2 : AttentionKind::kDot;
+  spec.causal = c % 3 == 1;
+  spec.biases = c % 4 != 3;
+  spec.layer_norm = true;
+  spec.d = 3 + c % 3;
+  spec.heads = 1 + c % 2;
+  spec.dk = 2;
+  spec.qk_scale = 1 + c % 3;
+  AttentionLayer L = RandomAttentionLayer(spec, rng);
+  L.post_layer_norm = L.layer_norm;
+  L.layer_norm.reset();
   return L;
 }
 
