@@ -138,6 +138,17 @@ def _parse_layers(text: str, count: int) -> List[int]:
     return out
 
 
+def _checked_texts(texts):
+    """The texts as a list; InputError naming the --text that is missing or empty."""
+    texts = list(texts)
+    if not texts:
+        raise InputError("--text: give at least one text")
+    for i, t in enumerate(texts):
+        if not isinstance(t, str) or not t.strip():
+            raise InputError(f"--text {i + 1}: empty text")
+    return texts
+
+
 def _parse_radii(text) -> List[float]:
     items = text if isinstance(text, (list, tuple)) else str(text).split(",")
     out: List[float] = []
@@ -167,12 +178,7 @@ def run(model_dir: str, texts: Sequence[str], relative_radii=(0.001, 0.01), laye
     import lipcert
 
     say = log or (lambda s: None)
-    texts = list(texts)
-    if not texts:
-        raise InputError("--text: give at least one text")
-    for i, t in enumerate(texts):
-        if not isinstance(t, str) or not t.strip():
-            raise InputError(f"--text {i + 1}: empty text")
+    texts = _checked_texts(texts)
     radii = _parse_radii(relative_radii)
     if not (isinstance(time_limit, (int, float)) and math.isfinite(time_limit) and time_limit > 0):
         raise InputError(f"--time-limit: {time_limit} is not a positive number of seconds")
@@ -376,12 +382,7 @@ def save_centres(model_dir: str, texts: Sequence[str], path: str, lengths: Optio
     from .torch_layers import UnsupportedModuleError
 
     say = log or (lambda s: None)
-    texts = list(texts)
-    if not texts:
-        raise InputError("--text: give at least one text")
-    for i, t in enumerate(texts):
-        if not isinstance(t, str) or not t.strip():
-            raise InputError(f"--text {i + 1}: empty text")
+    texts = _checked_texts(texts)
     if lengths is not None:
         lengths = [int(n) for n in lengths]
         if not lengths or any(n < 1 for n in lengths):
