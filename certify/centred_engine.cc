@@ -378,9 +378,11 @@ CentredVariation CentredVariationBound(const AttentionLayer& L, const TokenCover
   const Eigen::VectorXd zero = Eigen::VectorXd::Zero(n);
   // Second order (norm 2): sup ||J_M(z) - J_M(zc)|| <= joint_z sup ||D^2 out||, with
   // ||D^2 out[U, U]|| bounded over the cover by SecondOrderSupUp.
-  // (A point cover, joint radius 0, has nothing for it to bound: the first-order routes give
-  // the rounding widths alone.)
-  const bool second_order = p == NormKind::kL2 && std::isfinite(in.joint_z) && in.joint_z > 0;
+  // (A point set has nothing for it to bound: its only motion is the rounding width of the
+  // LayerNorm's output, which the first-order routes carry; at BERT-base size the second
+  // order's refinement took the whole window there.)
+  const bool point_set = cover.radius.size() == 0 || cover.radius.maxCoeff() == 0;
+  const bool second_order = p == NormKind::kL2 && std::isfinite(in.joint_z) && in.joint_z > 0 && !point_set;
   std::vector<FactorBounds> over_cover(second_order ? L.heads : 0);  // per head, for the second order at s = 1
   const bool apart_applies = second_order && L.kind == AttentionKind::kDot && L.heads * L.head_dim_v == L.d_model;
   AttentionLayer own_coordinates;

@@ -58,8 +58,8 @@ UpperBound Castin(const AttentionLayer& L, const TokenCover& z) {
       wk = Augment(wk, L.bk, oq);
       wv = Augment(wv, L.bv, ov);
     }
-    // ||A||_2 <= ||Wq^T Wk||_2 / sqrt(dk), enclosing the product rigorously.
-    const double a = MulUp(NormL2UpperInterval(Mul(Eigen::MatrixXd(wq.transpose()), wk)).value(), inv_sqrt_dk);
+    // ||A||_2 <= ||Wq^T Wk||_2 / sqrt(dk), from k x k certificates (k = dk).
+    const double a = MulUp(ProductNormL2Upper(wq, wk).value(), inv_sqrt_dk);
     const double inner = AddUp(MulUp(MulUp(MulUp(a, a), r4), double(4 * n + 1)), double(n));
     const double head = MulUp(MulUp(SqrtUp(3.0), NormL2Upper(wv).value()), SqrtUp(inner));
     total = AddUp(total, MulUp(NormL2Upper(Eigen::MatrixXd(L.wo_head(h))).value(), head));

@@ -26,6 +26,10 @@ struct MhaInput {
 };
 
 // The MHA input over a cover of X, with ell in the norm p (2 or inf).
+// Encloses J_LN(x0) = diag(gamma) (I - 11^T/D - xhat xhat^T / D) * inv_sigma for the
+// enclosures xhat of x0's normalised entries, inv_sigma of 1/sigma0 and inv_d of 1/D.
+IntervalMatrix LayerNormJacobianEnclosure(const Eigen::VectorXd& gamma, const std::vector<Interval>& xhat,
+                                          const Interval& inv_sigma, const Interval& inv_d);
 MhaInput MhaInputOver(const AttentionLayer& layer, const TokenCover& cover, NormKind p);
 
 // >= sup ||J_LN(x)||_inf over a token's ball of radius rho around x0, where c encloses the

@@ -371,6 +371,21 @@ UpperBound NormL2UpperInterval(const IntervalMatrix& a, const NormL2Options& o) 
   return Min(mid + rad, NormL2UpperCrude(a));
 }
 
+UpperBound ProductNormL2Upper(const Eigen::MatrixXd& a, const Eigen::MatrixXd& b, const NormL2Options& o) {
+  if (a.rows() != b.rows()) Die("ProductNormL2Upper: a and b need the same number of rows");
+  const ScopedSoundFpEnvironment fp_guard;  // docs/rounding-model.md, run-time environment
+  const IntervalMatrix g = GramEnclosure(Eigen::MatrixXd(b.transpose()));  // b b^T
+  const Eigen::LLT<Eigen::MatrixXd> llt(g.mid);
+  if (llt.info() != Eigen::Success) return NormL2UpperInterval(Mul(Eigen::MatrixXd(a.transpose()), b), o);
+  const Eigen::MatrixXd r = llt.matrixU();
+  const IntervalMatrix e = g - Mul(Eigen::MatrixXd(r.transpose()), r);
+  const IntervalMatrix ra = Mul(r, a);
+  const UpperBound main = LambdaMaxUpper(GramEnclosure(ra.transpose()), o);
+  const UpperBound a2 = LambdaMaxUpper(GramEnclosure(Eigen::MatrixXd(a.transpose())), o);
+  const double square = AddUp(std::max(main.value(), 0.0), MulUp(NormL2UpperCrude(e).value(), std::max(a2.value(), 0.0)));
+  return UpperBound(SqrtUp(square));
+}
+
 UpperBound NormL2UpperImplicitPsd(Eigen::Index n,
                                   const std::function<void(const Eigen::VectorXd&, Eigen::VectorXd*)>& apply,
                                   double column_error, const NormL2Options& o) {

@@ -65,6 +65,14 @@ UpperBound NormL2Upper(const Eigen::MatrixXd& a, const NormL2Options& o = {},
 // worse than NormL2UpperCrude).
 UpperBound NormL2UpperInterval(const IntervalMatrix& a, const NormL2Options& o = {});
 
+// sup ||a^T b||_2 for point matrices a and b of k rows (k much smaller than their columns),
+// in O(k^2 n) work instead of the n x n product's: ||a^T b||^2 = lambda_max(a^T G a) with
+// G = b b^T (k x k). With G = R^T R + E (R a floating-point Cholesky factor, E enclosed),
+// lambda_max(a^T G a) <= lambda_max((R a)(R a)^T) + ||E||_2 ||a||_2^2, all k x k
+// certificates. Falls back to NormL2UpperInterval of the enclosed product when the
+// Cholesky of G fails.
+UpperBound ProductNormL2Upper(const Eigen::MatrixXd& a, const Eigen::MatrixXd& b, const NormL2Options& o = {});
+
 // An implicit symmetric operator M (n x n) given by products: apply(x, &y) sets y ~ M x,
 // and for every unit basis vector e_j the caller guarantees ||apply(e_j) - M e_j||_2 <=
 // column_error. Certifies ||M||_2 <= lambda_max-bound + sqrt(n) column_error by forming

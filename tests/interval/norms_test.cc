@@ -200,6 +200,29 @@ TEST(NormsTest, LowRankMatricesAreTight) {
   EXPECT_EQ(checked, 12);
 }
 
+// ||a^T b||_2 from k x k certificates against the 256-bit singular value of the exact
+// product; tight to 1e-9 where nothing under- or overflows, and rank-deficient b (a zero
+// row, the Cholesky fails) takes the fallback.
+TEST(NormsTest, ProductNormFromSmallCertificates) {
+  AdversarialDoubles g(2024);
+  int checked = 0;
+  for (long t = 0; t < Count(24); ++t) {
+    const Eigen::Index k = t % 2 ? 4 : 9, n = t % 3 ? 40 : 71;
+    const int kind_a = t % 6 == 3 || t % 6 == 4 ? 0 : t % 6, kind_b = (t / 6) % 2 ? 5 : 0;
+    const Eigen::MatrixXd a = TestMatrix(g, kind_a, k, n), b = TestMatrix(g, kind_b, k, n);
+    mpreal::set_default_prec(256);
+    const MatrixBig p = a.cast<mpreal>().transpose() * b.cast<mpreal>();
+    Eigen::SelfAdjointEigenSolver<MatrixBig> es(MatrixBig(p.transpose() * p), Eigen::EigenvaluesOnly);
+    const mpreal exact = mpfr::sqrt(mpfr::max(es.eigenvalues()(n - 1), mpreal(0)));
+    const UpperBound up = ProductNormL2Upper(a, b);
+    EXPECT_GE(mpreal(up.value()), exact) << "trial " << t;
+    EXPECT_LE(mpreal(up.value()), exact * (1 + 1e-9)) << "trial " << t;
+    ++checked;
+  }
+  EXPECT_EQ(checked, Count(24));
+  EXPECT_GT(checked, 0);
+}
+
 TEST(NormsTest, ImplicitPsdOperator) {
   AdversarialDoubles g(65);
   const Eigen::Index n = 30;
