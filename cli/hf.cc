@@ -1,8 +1,9 @@
 // lipcert hf: certifies a HuggingFace model folder's attention layers from text. The work is
 // done by the Python package (tokenizer, model and forward pass come from transformers), so
-// this subcommand runs `PYTHON -m lipcert.hf ARGS...` with the interpreter that has it:
+// this subcommand runs lipcert.hf's main with ARGS in the interpreter that has it:
 // $LIPCERT_PYTHON, else the python3 beside this executable (a pip install puts both in the
-// same bin/ folder), else python3 on the PATH.
+// same bin/ folder), else python3 on the PATH. An interpreter without the package (or its
+// [hf] extra) ends with exit code 2 and a message that names it, as every bad input does.
 #include <unistd.h>
 
 #include <cerrno>
@@ -17,6 +18,18 @@
 
 namespace lipcert::cli {
 namespace {
+
+// Run by `python -c` in place of `-m lipcert.hf`, so that a missing package is a usage error.
+constexpr const char* kBootstrap = R"(import sys
+try:
+    import lipcert.hf as hf
+except ImportError as e:
+    sys.stderr.write("lipcert hf: the Python interpreter " + sys.executable + " cannot import lipcert.hf ("
+                     + str(e) + "); install the package with its HuggingFace extra: pip install '.[hf]'\n")
+    sys.exit(2)
+sys.argv[0] = "lipcert hf"
+sys.exit(hf.main(sys.argv[1:]))
+)";
 
 std::vector<std::string> Interpreters() {
   std::vector<std::string> out;
@@ -37,7 +50,7 @@ std::vector<std::string> Interpreters() {
 int RunHfCommand(int argc, char** argv) {
   std::string tried;
   for (const std::string& python : Interpreters()) {
-    std::vector<std::string> args = {python, "-m", "lipcert.hf"};
+    std::vector<std::string> args = {python, "-c", kBootstrap};
     for (int i = 2; i < argc; ++i) args.push_back(argv[i]);
     std::vector<char*> cargs;
     for (std::string& a : args) cargs.push_back(a.data());

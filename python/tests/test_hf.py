@@ -147,3 +147,16 @@ def test_console_script_is_the_same_command(tmp_path):
     assert r.returncode == 2 and r.stderr.strip() == f"lipcert hf: {tmp_path / 'missing'}: not a folder " \
         "(expected a HuggingFace model folder)"
     assert not (tmp_path / "out").exists()
+
+
+def test_cli_with_an_interpreter_without_the_package_exits_2(tmp_path, cli):
+    # An interpreter that cannot import lipcert: this Python without its site-packages.
+    python = tmp_path / "python-without-lipcert"
+    python.write_text(f"#!/bin/sh\nexec {sys.executable} -I -S \"$@\"\n")
+    python.chmod(0o755)
+    r = subprocess.run([cli, "hf", str(tmp_path), "--text", "hello", "--out", str(tmp_path / "out")],
+                       capture_output=True, text=True, timeout=120, env={**os.environ, "LIPCERT_PYTHON": str(python)})
+    assert r.returncode == 2, r.stderr
+    assert str(python) in r.stderr or sys.executable in r.stderr
+    assert "cannot import lipcert.hf" in r.stderr and "pip install '.[hf]'" in r.stderr
+    assert not (tmp_path / "out").exists()
