@@ -227,6 +227,9 @@ std::vector<Candidate> RoundCandidates(const AttentionLayer& layer, const InputS
   const double scale = SetScale(set);
   std::vector<Candidate> cands;
   if (round == 0) cands.push_back({set.center, "centre", {}});
+  // A point set holds the centre alone: every other candidate would project onto it (at
+  // BERT-base size the structured starts alone took seconds there).
+  if (scale == 0) return cands;
   for (int s = 0; s < opts.starts; ++s) {
     cands.push_back({UniformIn(set, rng), "sample", {}});
     cands.push_back({OnBoundary(set, rng), "boundary", {}});
