@@ -31,6 +31,16 @@ MhaInput PostLnFactors(const AttentionLayer& L, const TokenCover& y_cover, NormK
   return MhaInputOver(ln_only, y_cover, p);
 }
 
+// >= ||D_i Wo||_p per token, D_i enclosed by ln_jac[i].
+Eigen::VectorXd LayerNormWoNormsUp(const AttentionLayer& L, const std::vector<IntervalMatrix>& ln_jac, NormKind p) {
+  Eigen::VectorXd out(Eigen::Index(ln_jac.size()));
+  for (size_t i = 0; i < ln_jac.size(); ++i) {
+    const IntervalMatrix dw = Mul(ln_jac[i], L.wo);
+    out(Eigen::Index(i)) = p == NormKind::kL2 ? NormL2UpperGram(dw, 1).value() : NormInfUpper(dw).value();
+  }
+  return out;
+}
+
 void CheckLayer(const AttentionLayer& L) {
   if (!L.post_ln()) throw std::invalid_argument("post_ln_variation: the layer has no post-LN LayerNorm");
   if (L.layer_norm) throw std::invalid_argument("post_ln_variation: a layer with both LayerNorms");
@@ -80,6 +90,8 @@ std::string PostLnVariationInputs::IsValid() const {
       {"mha_l2_variation", mha_l2_variation}};
   for (const auto& [name, u] : fields)
     if (std::isnan(u.value()) || u.value() < 0) return std::string(name) + ": must be >= 0 (+inf allowed)";
+  for (Eigen::Index i = 0; i < heads_row_weights.size(); ++i)
+    if (!(heads_row_weights(i) >= 0)) return "heads_row_weights: each must be >= 0";
   return "";
 }
 
@@ -164,12 +176,15 @@ EngineBound PostLnVariationBound(const AttentionLayer& L, const TokenCover& cove
   double through_heads = kInf;
   Eigen::VectorXd ln_wo;
   if (std::isfinite(in.heads_variation.value()) && L.wo.rows() == d && L.wo.cols() == d) {
-    ln_wo.resize(n);
+    ln_wo = LayerNormWoNormsUp(L, f.ln_jac, in.norm);
+    // ||D_i(yc_i) Wo|| <= scale w_i for every i, so ||blockdiag(D_i Wo) A|| <= scale ||diag(w) A||.
+    const bool weighted = in.heads_row_weights.size() == n;
+    double scale = 0;
     for (Eigen::Index i = 0; i < n; ++i) {
-      const IntervalMatrix dw = Mul(f.ln_jac[size_t(i)], L.wo);
-      ln_wo(i) = in.norm == NormKind::kL2 ? NormL2UpperGram(dw, 1).value() : NormInfUpper(dw).value();
+      const double w = weighted ? in.heads_row_weights(i) : 1.0;
+      scale = std::max(scale, ln_wo(i) == 0 ? 0.0 : w > 0 ? DivUp(ln_wo(i), w) : kInf);
     }
-    through_heads = MulUp(ln_wo.maxCoeff(), in.heads_variation.value());
+    through_heads = MulUp(scale, in.heads_variation.value());
   }
   const UpperBound through_ln(MulUp(ln_var.maxCoeff(), AddUp(1.0, u_m)));
   const bool heads_won = through_heads < through_mha;
@@ -306,14 +321,14 @@ namespace {
 // MHA's variation over the cover in the norm q (the centred form's variation half,
 // certify/centred_engine.h), refining for half of the time left; +inf where it did not finish.
 UpperBound VariationOf(const AttentionLayer& mha, const TokenCover& cover, NormKind q, int threads,
-                       std::chrono::steady_clock::time_point deadline) {
+                       std::chrono::steady_clock::time_point deadline, const Eigen::VectorXd* row_weights = nullptr) {
   BoundOptions bo;
   bo.norm = q;
   bo.threads = threads;
   bo.deadline = deadline;
   const auto now = std::chrono::steady_clock::now();
   const auto refine = deadline == std::chrono::steady_clock::time_point::max() ? deadline : now + (deadline - now) / 2;
-  const CentredVariation v = CentredVariationBound(mha, cover, bo, refine);
+  const CentredVariation v = CentredVariationBound(mha, cover, bo, refine, false, row_weights);
   return v.complete ? v.variation : UpperBound(kInf);
 }
 
@@ -393,8 +408,25 @@ PostLnVariationInputs PostLnVariationInputsFor(const AttentionLayer& L, const In
     if (p == NormKind::kL2) in.mha_variation = in.mha_l2_variation;
     else if (!std::isfinite(in.mha_variation.value()))
       in.mha_variation = VariationOf(mha, cover, p, threads, ShareOf(deadline, 0.3));
-    if (mha.wo.rows() == mha.d_model && mha.wo.cols() == mha.d_model)
-      in.heads_variation = VariationOf(HeadsBeforeWo(mha), cover, p, threads, ShareOf(deadline, 0.5));
+    if (mha.wo.rows() == mha.d_model && mha.wo.cols() == mha.d_model) {
+      // Norm 2: output token i's rows weighted by ||D_i(yc_i) Wo|| / max_k ||D_k(yc_k) Wo|| in
+      // the second order (the other norms have no weighted route).
+      Eigen::VectorXd w;
+      if (p == NormKind::kL2) {
+        const TokenCover yc = PostLnYCover(L, TokenCover{set.center, Eigen::VectorXd::Zero(set.center.rows()), UpperBound(0)},
+                                           Eigen::VectorXd::Zero(set.center.rows()));
+        if (yc.center.allFinite()) {
+          w = LayerNormWoNormsUp(L, PostLnFactors(L, yc, NormKind::kL2).ln_jac, NormKind::kL2);
+          const double top = w.maxCoeff();
+          if (std::isfinite(top) && top > 0)
+            for (Eigen::Index i = 0; i < w.size(); ++i) w(i) = std::min(1.0, DivUp(w(i), top));
+          else
+            w.resize(0);
+        }
+      }
+      in.heads_variation = VariationOf(HeadsBeforeWo(mha), cover, p, threads, ShareOf(deadline, 0.5), w.size() ? &w : nullptr);
+      in.heads_row_weights = w;
+    }
   }
   if (p == NormKind::kL2) {
     in.centre = centre_l2;

@@ -9,7 +9,9 @@
 //
 // V_M >= sup_S ||J_M(X) - J_M(X0)||_p (MHA alone's certified variation), V_H the same for the
 // heads before Wo (M = Wo . H: the layer with Wo = I, where H dv = D), so that the LayerNorm
-// factor meets Wo before any norm is taken (it shrinks the directions Wo writes to most),
+// factor meets Wo before any norm is taken (it shrinks the directions Wo writes to most), and
+// in norm 2 with each output token's rows weighted by ||D_i(yc_i) Wo|| / max_k ||D_k(yc_k) Wo||
+// inside the second-order bound (the max then factored out),
 // U_M >= sup_S ||J_M||_p
 // (the smaller of MHA's certified bound and ||J_M(X0)||_p + V_M), and the per-token cover of Y
 //   rho_i = r_i + R_joint * U2 + err_i,  U2 >= sup_S ||J_M||_2,
@@ -47,9 +49,12 @@ struct PostLnVariationInputs {
   // Optional (empty: not known): row_centre_l2(i) >= ||J_{M,i}(X0)||_2, token i's row block
   // (D x ND); then ||M_i(X) - M_i(X0)|| <= (row_centre_l2(i) + V_2) ||X - X0||_F as well.
   Eigen::VectorXd mha_row_centre_l2;
-  // >= sup_S ||J_H(X) - J_H(X0)||_p, H the heads before Wo (MHA with Wo = I and no output
-  // bias; only where Wo is D x D). +inf: not known, the term uses V_M alone.
+  // >= sup_S ||diag(w) (J_H(X) - J_H(X0))||_p, H the heads before Wo (MHA with Wo = I and no
+  // output bias; only where Wo is D x D), w = heads_row_weights (output token i's rows times
+  // w_i >= 0; empty: all 1). The term is then max_i ||D_i(yc_i) Wo||_p / w_i times it.
+  // +inf: not known, the term uses V_M alone.
   UpperBound heads_variation{kInf};
+  Eigen::VectorXd heads_row_weights;
 
   // "" when valid, else a message naming the field.
   std::string IsValid() const;
