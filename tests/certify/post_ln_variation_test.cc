@@ -207,7 +207,7 @@ AttentionLayer RandomSquareWoPostLn(long c, std::mt19937_64& rng) {
 // and V_H >= sup ||diag(w)(J_H(X) - J_H(X0))|| (norm 2: w_i = ||D_i Wo|| / max_k ||D_k Wo||):
 //   the identity D(Yc)(J_M(X) - J_M(X0)) = blockdiag(D_i(yc_i) Wo)(J_H(X) - J_H(X0)) in MPFR,
 //   V_H >= ||diag(w)(J_H(X) - J_H(X0))|| and the term >= ||D(Yc)(J_M(X) - J_M(X0))|| at random points;
-//   the factor: ||D_i Wo|| certified within 1e-9 of MPFR and scale within 1e-9 of the largest,
+//   the factor: ||D_i Wo|| certified within 1e-9 (and 1e-12 absolute) of MPFR and scale within 1e-9 of the largest,
 //   so 0.8 x scale is below it in every case; the term: at 0.8 x (V_H's own looseness divided
 //   out, V_H / the largest witnessed ||diag(w)(J_H(X) - J_H(X0))||) it is below the witnessed
 //   ||D(Yc)(J_M(X) - J_M(X0))|| in at least one case.
@@ -245,10 +245,10 @@ TEST(PostLnVariation, HeadsBeforeWoTermDominatesMpfrAndIsTight) {
       const double f = NormOf(di * L.wo, p);
       factor_max = std::max(factor_max, f);
       EXPECT_GE(rep.ln_wo(i), f * (1 - 1e-12)) << "case " << c;
-      EXPECT_LE(rep.ln_wo(i), f * (1 + 1e-9)) << "case " << c;
+      EXPECT_LE(rep.ln_wo(i), f * (1 + 1e-9) + 1e-12) << "case " << c;  // the certificate's absolute floor
     }
     const double scale = rep.through_heads / in.heads_variation.value();
-    EXPECT_LE(scale, factor_max * (1 + 1e-9)) << "case " << c;
+    EXPECT_LE(scale, factor_max * (1 + 1e-9) + 1e-12) << "case " << c;
     if (0.8 * scale < factor_max) ++factor_fails;
     const Eigen::MatrixXd jm0 = JacobianMp(mha, set.center), jh0 = JacobianMp(heads, set.center);
     double seen_heads = 0, seen_term = 0;
