@@ -56,7 +56,7 @@ struct ColumnsShare {
 double SecondOrderSupUp(const std::vector<HeadGeometry>& geo, const MhaInput& in, bool causal, double s, int threads,
                         std::chrono::steady_clock::time_point refine_until, ColumnsShare share = {},
                         const std::vector<FactorBounds>* full = nullptr, const HeadsApart* apart = nullptr,
-                        SecondOrderRoute* route = nullptr) {
+                        SecondOrderRoute* route = nullptr, const Eigen::VectorXd* row_weights = nullptr) {
   Eigen::VectorXd rho = in.rho_z;
   for (Eigen::Index j = 0; j < rho.size(); ++j) rho(j) = MulUp(rho(j), s);
   const int heads = int(geo.size());
@@ -76,6 +76,23 @@ double SecondOrderSupUp(const std::vector<HeadGeometry>& geo, const MhaInput& in
                          : summed ? WithValuesOf(apart->geo[h], factors[h], rho, causal)
                                   : HeadFactorBounds(apart->geo[h], rho, MulUp(in.joint_z, s), causal);
       split_apart[h] = SecondOrderSplitHeadUp(apart->geo[h], factors_apart[h], rho, causal);
+    }
+    if (row_weights) {  // output token i's rows (every form, lin and pairs) times w_i (0 <= w_i <= 1)
+      const auto scale_rows = [&](Eigen::MatrixXd& m) {
+        for (Eigen::Index i = 0; i < m.rows(); ++i)
+          for (Eigen::Index k = 0; k < m.cols(); ++k) m(i, k) = MulUp(m(i, k), (*row_weights)(i));
+      };
+      if (summed) {
+        for (size_t i = 0; i < per_head[h].forms.size(); ++i)
+          for (Eigen::Index e = 0; e < per_head[h].forms[i].size(); ++e)
+            per_head[h].forms[i].data()[e] = MulUp(per_head[h].forms[i].data()[e], (*row_weights)(Eigen::Index(i)));
+        scale_rows(split[h].lin);
+        scale_rows(split[h].pairs);
+      }
+      if (stacked) {
+        scale_rows(split_apart[h].lin);
+        scale_rows(split_apart[h].pairs);
+      }
     }
   });
   if (r == SecondOrderRoute::kChoose) {
@@ -111,11 +128,17 @@ double SecondOrderSupUp(const std::vector<HeadGeometry>& geo, const MhaInput& in
           : refine_until;
   double apart_bound = kInf, summed_bound = kInf;
   if (r != SecondOrderRoute::kSummed) {
-    auto own_row = [&](int j, int t) { return OwnRowUp(apart->geo, factors_apart, rho, causal, j, t); };
+    auto own_row = [&](int j, int t) {
+      const double o = OwnRowUp(apart->geo, factors_apart, rho, causal, j, t);
+      return row_weights ? MulUp(o, (*row_weights)(j)) : o;
+    };
     apart_bound = MulUp(apart->wo_norm, SecondOrderSplitColumnsUp(split_apart, own_row, columns_until, threads, true));
   }
   if (r != SecondOrderRoute::kStacked) {
-    auto own_row = [&](int j, int t) { return OwnRowUp(geo, factors, rho, causal, j, t); };
+    auto own_row = [&](int j, int t) {
+      const double o = OwnRowUp(geo, factors, rho, causal, j, t);
+      return row_weights ? MulUp(o, (*row_weights)(j)) : o;
+    };
     summed_bound = std::min(SecondOrderColumnsUp(per_head), SecondOrderSplitColumnsUp(split, own_row, columns_until, threads));
   }
   if (r == SecondOrderRoute::kChoose) *route = apart_bound < summed_bound ? SecondOrderRoute::kStacked : SecondOrderRoute::kSummed;
@@ -136,7 +159,8 @@ double SecondOrderSupUp(const std::vector<HeadGeometry>& geo, const MhaInput& in
 double SecondOrderVariationUp(const std::vector<HeadGeometry>& geo, const MhaInput& in, bool causal, double t_one,
                               double t_one_seconds, const BoundOptions& opts,
                               std::chrono::steady_clock::time_point refine_until, bool up_to_refine_until,
-                              const HeadsApart* apart, SecondOrderRoute route, int* node_count) {
+                              const HeadsApart* apart, SecondOrderRoute route, int* node_count,
+                              const Eigen::VectorXd* row_weights) {
   std::vector<std::pair<double, double>> nodes = {{1.0, t_one}};  // (s, T(s))
   const bool timed = opts.deadline != std::chrono::steady_clock::time_point::max();
   const auto start = std::chrono::steady_clock::now();
@@ -160,7 +184,7 @@ double SecondOrderVariationUp(const std::vector<HeadGeometry>& geo, const MhaInp
     }
     // The cover scaled by s lies in the cover (scaled about its centre), so T(1) bounds T(s) too.
     nodes.push_back({s, std::min(t_one, SecondOrderSupUp(geo, in, causal, s, opts.threads, node_end, {}, nullptr, apart,
-                                                         &route))});
+                                                         &route, row_weights))});
     last = std::chrono::steady_clock::now() - t0;
   }
   std::sort(nodes.begin(), nodes.end());
@@ -365,9 +389,12 @@ void NameVariation(const FirstOrderVariation& f, double second, bool second_orde
 }  // namespace
 
 CentredVariation CentredVariationBound(const AttentionLayer& L, const TokenCover& cover, const BoundOptions& opts,
-                                       std::chrono::steady_clock::time_point refine_until, bool up_to_refine_until) {
+                                       std::chrono::steady_clock::time_point refine_until, bool up_to_refine_until,
+                                       const Eigen::VectorXd* row_weights) {
   const int n = int(cover.center.rows());
   CentredVariation v;
+  if (row_weights && (row_weights->size() != n || !(row_weights->array() >= 0).all() || !(row_weights->array() <= 1).all()))
+    throw std::invalid_argument("CentredVariationBound: one row weight in [0, 1] per token");
   // Every factor and block bound is in the engine's norm p (its dual q where the factor is
   // a row vector: ||a g^T||_p = ||a||_p ||g||_q), the motions rho in the 2-norm.
   const NormKind p = opts.norm;
@@ -420,11 +447,12 @@ CentredVariation CentredVariationBound(const AttentionLayer& L, const TokenCover
     SecondOrderRoute route = SecondOrderRoute::kChoose;
     const HeadsApart* apart_or_null = apart_applies ? &apart : nullptr;
     const double t_one = SecondOrderSupUp(geo, in, L.causal, 1.0, opts.threads, refine_until, t_one_share, &over_cover,
-                                          apart_or_null, &route);
+                                          apart_or_null, &route, row_weights);
     v.heads_apart = route == SecondOrderRoute::kStacked;
     const double t_one_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - now).count();
     second = MulUp(ell_max, SecondOrderVariationUp(geo, in, L.causal, t_one, t_one_seconds, opts, refine_until,
-                                                   up_to_refine_until, apart_or_null, route, &v.second_order_nodes));
+                                                   up_to_refine_until, apart_or_null, route, &v.second_order_nodes,
+                                                   row_weights));
   }
   NameVariation(first, second, second_order, ell_max, p, &v);
   v.complete = true;

@@ -55,10 +55,14 @@ struct CentredVariation {
 // it, each node refining for its share of what is left (for a caller whose own work after
 // refine_until is known to be short; BERT-base size, 0.1%, 120 s: 6 nodes and a variation of
 // 136.7, where a half for T(1) and the nodes refining in turn gave 2 nodes and 157.0).
+// With row_weights (one w_i in [0, 1] per output token), the second order bounds
+// sup ||diag(w) (J_M(X) - J_M(X0))|| (output token i's rows times w_i; the first-order routes,
+// unweighted, bound it too): for a block-diagonal left factor C with ||C_i|| <= c w_i,
+// ||C (J_M(X) - J_M(X0))|| <= c times it (the post-LN's LayerNorm, post_ln_variation.h).
 CentredVariation CentredVariationBound(
     const AttentionLayer& layer, const TokenCover& cover, const BoundOptions& opts,
     std::chrono::steady_clock::time_point refine_until = std::chrono::steady_clock::time_point::max(),
-    bool up_to_refine_until = false);
+    bool up_to_refine_until = false, const Eigen::VectorXd* row_weights = nullptr);
 
 // Engine `centre_norm` (norms 2 and inf, any size; in the inf norm ||J(X0)||_inf comes from
 // the enclosure's row sums, CentreJacobianInfNormBounds, and the variation's block bounds

@@ -32,38 +32,62 @@ MhaInput PostLnFactorsOver(const AttentionLayer& L, const TokenCover& y_cover, N
 }
 }  // namespace
 
+YEnclosure EncloseY(const AttentionLayer& L, const Eigen::MatrixXd& x0, ExpBackend exp_backend) {
+  const AttentionLayer mha = L.post_ln() ? L.WithoutPostLayerNorm() : L;
+  const Eigen::Index n = x0.rows(), d = x0.cols();
+  Eigen::MatrixXd lo, hi;
+  EncloseForward(mha, x0, exp_backend, &lo, &hi);
+  YEnclosure y;
+  y.centre.resize(n, d);
+  y.err.resize(n);
+  y.finite = true;
+  double all2 = 0;
+  for (Eigen::Index i = 0; i < n; ++i) {
+    double err2 = 0;
+    bool row_finite = true;
+    for (Eigen::Index a = 0; a < d; ++a) {
+      const double x = x0(i, a);
+      const double ylo = AddDown(x, lo(i, a)), yhi = AddUp(x, hi(i, a));
+      const double mid = 0.5 * ylo + 0.5 * yhi;  // exact unless it underflows: then still inside [ylo, yhi]
+      if (!std::isfinite(mid)) {
+        row_finite = false;
+        break;
+      }
+      y.centre(i, a) = mid;
+      const double e = std::max(SubUp(yhi, mid), SubUp(mid, ylo));
+      err2 = AddUp(err2, MulUp(e, e));
+    }
+    if (!row_finite) {
+      y.finite = false;
+      y.centre.row(i).setConstant(kInf);
+      y.err(i) = kInf;
+      all2 = kInf;
+      continue;
+    }
+    y.err(i) = SqrtUp(err2);
+    all2 = AddUp(all2, err2);
+  }
+  y.err_frobenius = SqrtUp(all2);
+  return y;
+}
+
 PostLayerNormBound ComposePostLayerNorm(const AttentionLayer& L, const TokenCover& cover, UpperBound mha_l2,
                                         UpperBound mha_p, NormKind p, ExpBackend exp_backend) {
   if (!L.post_ln()) throw std::invalid_argument("post_ln: the layer has no post-LN LayerNorm");
   PostLayerNormBound out;
   if (!std::isfinite(mha_l2.value()) || !std::isfinite(mha_p.value())) return out;
-  const AttentionLayer mha = L.WithoutPostLayerNorm();
-  const Eigen::Index n = cover.center.rows(), d = cover.center.cols();
-  // y0 = X0 + MHA(X0), enclosed; the cover's centre is the midpoint, the half-width folded in.
-  Eigen::MatrixXd lo, hi;
-  EncloseForward(mha, cover.center, exp_backend, &lo, &hi);
+  const Eigen::Index n = cover.center.rows();
+  // Y0 = X0 + MHA(X0), enclosed; the cover's centre is the midpoint, the half-width folded in.
+  const YEnclosure y0 = EncloseY(L, cover.center, exp_backend);
+  if (!y0.finite) return out;
   const double joint = JointRadiusUp(cover).value();
   const double moved = MulUp(mha_l2.value(), joint);  // >= ||MHA(X) - MHA(X0)||_F >= its rows' norms
   TokenCover& yc = out.y_cover;
-  yc.center.resize(n, d);
+  yc.center = y0.centre;
   yc.radius.resize(n);
-  double err_all2 = 0;
-  for (Eigen::Index i = 0; i < n; ++i) {
-    double err2 = 0;
-    for (Eigen::Index a = 0; a < d; ++a) {
-      const double x = cover.center(i, a);
-      const double ylo = AddDown(x, lo(i, a)), yhi = AddUp(x, hi(i, a));
-      const double mid = 0.5 * ylo + 0.5 * yhi;
-      if (!std::isfinite(mid)) return out;
-      yc.center(i, a) = mid;
-      const double e = std::max(SubUp(yhi, mid), SubUp(mid, ylo));
-      err2 = AddUp(err2, MulUp(e, e));
-    }
-    err_all2 = AddUp(err_all2, err2);
-    yc.radius(i) = AddUp(AddUp(cover.radius(i), moved), SqrtUp(err2));
-  }
+  for (Eigen::Index i = 0; i < n; ++i) yc.radius(i) = AddUp(AddUp(cover.radius(i), moved), y0.err(i));
   // ||Y - Y0c||_F <= ||X - X0||_F + ||MHA(X) - MHA(X0)||_F + ||err||.
-  yc.frobenius = UpperBound(AddUp(AddUp(joint, moved), SqrtUp(err_all2)));
+  yc.frobenius = UpperBound(AddUp(AddUp(joint, moved), y0.err_frobenius));
   // sup ||J_LN(y_i)||_p per token over its ball.
   const MhaInput in = PostLnFactorsOver(L, yc, p);
   out.ln_upper = UpperBound(in.ell.maxCoeff());  // J_LN(Y) is block-diagonal: its norm is the largest block's

@@ -22,6 +22,20 @@
 
 namespace lipcert {
 
+// Y0 = X0 + MHA(X0) enclosed in interval arithmetic, token by token: `centre` the midpoint of
+// each entry's enclosure (exact doubles) and err(i) >= ||y0_i - centre_i||_2 (the half-widths'
+// norm, rounded up), err_frobenius >= ||Y0 - centre||_F. `layer` is the post-LN layer (its
+// MHA is evaluated) or MHA alone. Where an entry's enclosure is not finite, finite is false,
+// that token's centre row is +inf and its err +inf. The one enclosure of Y0 that the
+// composition, the post-LN centre and the post-LN variation share (so their centres agree).
+struct YEnclosure {
+  Eigen::MatrixXd centre;
+  Eigen::VectorXd err;
+  double err_frobenius = kInf;
+  bool finite = false;
+};
+YEnclosure EncloseY(const AttentionLayer& layer, const Eigen::MatrixXd& x0, ExpBackend exp_backend = DefaultExpBackend());
+
 struct PostLayerNormBound {
   UpperBound upper{kInf};       // >= sup over the cover of ||J_f||_p
   UpperBound ln_upper{kInf};    // >= sup over cover(Y) of ||J_LN(Y)||_p (block-diagonal)

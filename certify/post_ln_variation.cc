@@ -4,12 +4,14 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <stdexcept>
 
 #include "certify/centre_norm.h"
 #include "certify/centred_engine.h"
 #include "certify/layer_norm_cover.h"
 #include "certify/layer_norm_enclosure.h"
+#include "certify/post_layer_norm.h"
 #include "certify/witness_eval.h"
 #include "interval/norms.h"
 #include "interval/parallel.h"
@@ -27,6 +29,16 @@ MhaInput PostLnFactors(const AttentionLayer& L, const TokenCover& y_cover, NormK
   AttentionLayer ln_only = L.WithoutPostLayerNorm();
   ln_only.layer_norm = *L.post_layer_norm;
   return MhaInputOver(ln_only, y_cover, p);
+}
+
+// >= ||D_i Wo||_p per token, D_i enclosed by ln_jac[i].
+Eigen::VectorXd LayerNormWoNormsUp(const AttentionLayer& L, const std::vector<IntervalMatrix>& ln_jac, NormKind p) {
+  Eigen::VectorXd out(Eigen::Index(ln_jac.size()));
+  for (size_t i = 0; i < ln_jac.size(); ++i) {
+    const IntervalMatrix dw = Mul(ln_jac[i], L.wo);
+    out(Eigen::Index(i)) = p == NormKind::kL2 ? NormL2UpperGram(dw, 1).value() : NormInfUpper(dw).value();
+  }
+  return out;
 }
 
 void CheckLayer(const AttentionLayer& L) {
@@ -78,40 +90,30 @@ std::string PostLnVariationInputs::IsValid() const {
       {"mha_l2_variation", mha_l2_variation}};
   for (const auto& [name, u] : fields)
     if (std::isnan(u.value()) || u.value() < 0) return std::string(name) + ": must be >= 0 (+inf allowed)";
+  for (Eigen::Index i = 0; i < heads_row_weights.size(); ++i)
+    if (!(heads_row_weights(i) >= 0)) return "heads_row_weights: each must be >= 0";
   return "";
 }
 
 TokenCover PostLnYCover(const AttentionLayer& L, const TokenCover& cover, const Eigen::VectorXd& displacement,
                         ExpBackend exp_backend) {
   CheckLayer(L);
-  const AttentionLayer mha = L.WithoutPostLayerNorm();
-  const Eigen::Index n = cover.center.rows(), d = cover.center.cols();
+  const Eigen::Index n = cover.center.rows();
   if (displacement.size() != n) throw std::invalid_argument("PostLnYCover: one displacement per token");
-  // Y0 = X0 + M(X0) enclosed; the centre is the midpoint (the same arithmetic as
-  // ComposePostLayerNorm, so the same point), its half-width err_i folded into rho_i.
-  Eigen::MatrixXd lo, hi;
-  EncloseForward(mha, cover.center, exp_backend, &lo, &hi);
+  // Y0 = X0 + M(X0) enclosed (EncloseY: the same centre as ComposePostLayerNorm and
+  // PostLnCentreBound), its half-width err_i folded into rho_i.
+  const YEnclosure y0 = EncloseY(L, cover.center, exp_backend);
   TokenCover yc;
-  yc.center.resize(n, d);
+  yc.center = y0.centre;
   yc.radius.resize(n);
-  double err_all2 = 0, disp2 = 0;
+  double disp2 = 0;
   for (Eigen::Index i = 0; i < n; ++i) {
-    double err2 = 0;
-    for (Eigen::Index a = 0; a < d; ++a) {
-      const double x = cover.center(i, a);
-      const double ylo = AddDown(x, lo(i, a)), yhi = AddUp(x, hi(i, a));
-      const double mid = 0.5 * ylo + 0.5 * yhi;
-      yc.center(i, a) = mid;
-      const double e = std::isfinite(mid) ? std::max(SubUp(yhi, mid), SubUp(mid, ylo)) : kInf;
-      err2 = AddUp(err2, MulUp(e, e));
-    }
-    err_all2 = AddUp(err_all2, err2);
     disp2 = AddUp(disp2, MulUp(displacement(i), displacement(i)));
-    yc.radius(i) = AddUp(AddUp(cover.radius(i), displacement(i)), SqrtUp(err2));
+    yc.radius(i) = AddUp(AddUp(cover.radius(i), displacement(i)), y0.err(i));
   }
   // ||Y - Yc||_F <= ||X - X0||_F + ||M(X) - M(X0)||_F + ||err||_F, the middle one at most the
   // norm of the displacements (they bound each row).
-  yc.frobenius = UpperBound(AddUp(AddUp(JointRadiusUp(cover).value(), SqrtUp(disp2)), SqrtUp(err_all2)));
+  yc.frobenius = UpperBound(AddUp(AddUp(JointRadiusUp(cover).value(), SqrtUp(disp2)), y0.err_frobenius));
   return yc;
 }
 
@@ -168,17 +170,46 @@ EngineBound PostLnVariationBound(const AttentionLayer& L, const TokenCover& cove
       ln_var(i) = std::min(MulUp(sqrt_d, delta2), AddUp(f.ell(i), ln_centre(i)));
     }
   }
-  const UpperBound through_mha(MulUp(ln_centre.maxCoeff(), v_m));
+  // The MHA variation through D(Yc): D(Yc)(J_M(X) - J_M(X0)) = blockdiag(D_i(yc_i) Wo)(J_H(X) - J_H(X0)),
+  // a block-diagonal left factor either way (its norm the largest block's).
+  const double through_mha = MulUp(ln_centre.maxCoeff(), v_m);
+  double through_heads = kInf;
+  Eigen::VectorXd ln_wo;
+  if (std::isfinite(in.heads_variation.value()) && L.wo.rows() == d && L.wo.cols() == d) {
+    ln_wo = LayerNormWoNormsUp(L, f.ln_jac, in.norm);
+    // ||D_i(yc_i) Wo|| <= scale w_i for every i, so ||blockdiag(D_i Wo) A|| <= scale ||diag(w) A||.
+    const bool weighted = in.heads_row_weights.size() == n;
+    double scale = 0;
+    for (Eigen::Index i = 0; i < n; ++i) {
+      const double w = weighted ? in.heads_row_weights(i) : 1.0;
+      scale = std::max(scale, ln_wo(i) == 0 ? 0.0 : w > 0 ? DivUp(ln_wo(i), w) : kInf);
+    }
+    through_heads = MulUp(scale, in.heads_variation.value());
+  }
   const UpperBound through_ln(MulUp(ln_var.maxCoeff(), AddUp(1.0, u_m)));
-  out.upper = UpperBound(AddUp(AddUp(in.centre.value(), through_mha.value()), through_ln.value()));
+  const bool heads_won = through_heads < through_mha;
+  const UpperBound variation(std::min(through_mha, through_heads));
+  out.upper = UpperBound(AddUp(AddUp(in.centre.value(), variation.value()), through_ln.value()));
   out.terms.push_back({"centre norm ||D(Yc)(I + J_M(X0))||", in.centre});
-  out.terms.push_back({"MHA variation: max_i ||D_i(yc_i)|| x sup ||J_M(X) - J_M(X0)||", through_mha});
+  out.terms.push_back({heads_won ? "MHA variation: max_i ||D_i(yc_i) Wo|| x sup ||J_H(X) - J_H(X0)|| (heads before Wo)"
+                                 : "MHA variation: max_i ||D_i(yc_i)|| x sup ||J_M(X) - J_M(X0)||",
+                       variation});
   out.terms.push_back({"LN variation: max_i sup ||D_i(y_i) - D_i(yc_i)|| over the per-token cover of Y x (1 + U_M)",
                        through_ln});
+  char how[320];
+  std::snprintf(how, sizeof how,
+                "MHA term: max||D_i|| %.6g x V_M %.6g = %.6g; max||D_i Wo|| %.6g x V_H %.6g = %.6g; "
+                "max delta_i %.6g x (1 + U_M %.6g); max rho_i %.6g",
+                ln_centre.maxCoeff(), v_m, through_mha, ln_wo.size() ? ln_wo.maxCoeff() : kInf,
+                in.heads_variation.value(), through_heads, ln_var.maxCoeff(), u_m, y_cover.radius.maxCoeff());
+  out.note = how;
   if (report) {
     report->y_cover = y_cover;
     report->ln_centre = ln_centre;
     report->ln_variation = ln_var;
+    report->ln_wo = ln_wo;
+    report->through_mha = through_mha;
+    report->through_heads = through_heads;
   }
   return out;
 }
@@ -287,12 +318,31 @@ PostLnCentreInfBounds PostLnCentreInfNormBounds(const AttentionLayer& L, const E
 
 namespace {
 
-// MHA's certified pieces from one certificate: its bound, and the centre_norm engine's centre
-// term and the sum of its variation terms (+inf where that engine did not give a finite bound).
-struct MhaPieces {
-  UpperBound upper{kInf}, centre{kInf}, variation{kInf};
-};
-MhaPieces PiecesOf(const Certificate& c) {
+// MHA's variation over the cover in the norm q (the centred form's variation half,
+// certify/centred_engine.h), refining for half of the time left; +inf where it did not finish.
+UpperBound VariationOf(const AttentionLayer& mha, const TokenCover& cover, NormKind q, int threads,
+                       std::chrono::steady_clock::time_point deadline, const Eigen::VectorXd* row_weights = nullptr) {
+  BoundOptions bo;
+  bo.norm = q;
+  bo.threads = threads;
+  bo.deadline = deadline;
+  const auto now = std::chrono::steady_clock::now();
+  const auto refine = deadline == std::chrono::steady_clock::time_point::max() ? deadline : now + (deadline - now) / 2;
+  const CentredVariation v = CentredVariationBound(mha, cover, bo, refine, false, row_weights);
+  return v.complete ? v.variation : UpperBound(kInf);
+}
+
+// A deadline a fraction of the way from now to `deadline` (max() stays max()).
+std::chrono::steady_clock::time_point ShareOf(std::chrono::steady_clock::time_point deadline, double fraction) {
+  if (deadline == std::chrono::steady_clock::time_point::max()) return deadline;
+  const auto now = std::chrono::steady_clock::now();
+  if (deadline <= now) return deadline;
+  return now + std::chrono::duration_cast<std::chrono::steady_clock::duration>((deadline - now) * fraction);
+}
+
+}  // namespace
+
+MhaPieces MhaPiecesOf(const Certificate& c) {
   MhaPieces m;
   m.upper = c.upper_bound;
   for (const EngineResult& e : c.engines) {
@@ -303,38 +353,95 @@ MhaPieces PiecesOf(const Certificate& c) {
   return m;
 }
 
-// Over a set: MHA's centre from the row blocks of J_M(X0) (they also size the cover of Y
-// token by token) and MHA's variation where its certificate has none.
-void TightenMhaInputsOverSet(const AttentionLayer& mha, const InputSet& set, const TokenCover& cover, NormKind p,
-                             int threads, std::chrono::steady_clock::time_point deadline, long inf_dense_limit,
-                             PostLnVariationInputs* in) {
-  // The rows of J_M(X0) size the cover of Y token by token; ||J_M(X0)||_2^2 <= sum_i ||J_{M,i}(X0)||_2^2.
-  in->mha_row_centre_l2 = MhaRowBlockNormsUp(mha, set.center, inf_dense_limit, threads, deadline);
-  if (in->mha_row_centre_l2.size()) {
-    double sum2 = 0;
-    for (Eigen::Index i = 0; i < in->mha_row_centre_l2.size(); ++i)
-      sum2 = AddUp(sum2, MulUp(in->mha_row_centre_l2(i), in->mha_row_centre_l2(i)));
-    if (SqrtUp(sum2) < in->mha_l2_centre.value()) in->mha_l2_centre = UpperBound(SqrtUp(sum2));
-    if (p == NormKind::kL2 && SqrtUp(sum2) < in->mha_centre.value()) in->mha_centre = UpperBound(SqrtUp(sum2));
-  }
-  // MHA's variation where its certificate has none: the centred form's variation half
-  // (certify/centred_engine.h), refining for half of the time left.
-  const auto variation_of = [&](NormKind q) {
-    BoundOptions bo;
-    bo.norm = q;
-    bo.threads = threads;
-    bo.deadline = deadline;
-    const auto now = std::chrono::steady_clock::now();
-    const auto refine = deadline == std::chrono::steady_clock::time_point::max() ? deadline : now + (deadline - now) / 2;
-    const CentredVariation v = CentredVariationBound(mha, cover, bo, refine);
-    return v.complete ? v.variation : UpperBound(kInf);
-  };
-  if (!std::isfinite(in->mha_l2_variation.value())) in->mha_l2_variation = variation_of(NormKind::kL2);
-  if (p == NormKind::kL2) in->mha_variation = in->mha_l2_variation;
-  else if (!std::isfinite(in->mha_variation.value())) in->mha_variation = variation_of(p);
+MhaPieces MhaPiecesOver(const AttentionLayer& mha, const TokenCover& cover, NormKind p, int threads) {
+  BoundOptions o;
+  o.norm = p;
+  o.threads = threads;
+  const EngineBound e = CentreNormBound(mha, cover, o, 1L << 30);
+  MhaPieces m;
+  m.upper = e.upper;
+  if (!std::isfinite(e.upper.value()) || e.terms.empty()) return m;
+  m.centre = e.terms.at(0).value;
+  double v = 0;  // the terms after the centre are the variation's
+  for (size_t i = 1; i < e.terms.size(); ++i) v = AddUp(v, e.terms[i].value.value());
+  m.variation = UpperBound(v);
+  return m;
 }
 
-}  // namespace
+AttentionLayer HeadsBeforeWo(const AttentionLayer& mha) {
+  if (mha.wo.rows() != mha.d_model || mha.wo.cols() != mha.d_model)
+    throw std::invalid_argument("HeadsBeforeWo: Wo is not D x D");
+  AttentionLayer h = mha;
+  h.wo = Eigen::MatrixXd::Identity(mha.d_model, mha.d_model);
+  if (h.bo.size()) h.bo.setZero();
+  return h;
+}
+
+PostLnVariationInputs PostLnVariationInputsFor(const AttentionLayer& L, const InputSet& set, NormKind p,
+                                               const MhaPieces& m2, const MhaPieces& mp, UpperBound centre_l2,
+                                               int threads, std::chrono::steady_clock::time_point deadline,
+                                               long inf_dense_limit, PostLnCentreInfBounds* inf_centre) {
+  CheckLayer(L);
+  PostLnVariationInputs in;
+  in.norm = p;
+  in.mha_l2_upper = m2.upper;
+  in.mha_l2_centre = m2.centre;
+  in.mha_l2_variation = m2.variation;
+  in.mha_upper = mp.upper;
+  in.mha_centre = mp.centre;
+  in.mha_variation = mp.variation;
+  const AttentionLayer mha = L.WithoutPostLayerNorm();
+  if (set.radius > 0) {
+    const TokenCover cover = CoverOf(set);
+    // The rows of J_M(X0) size the cover of Y token by token; ||J_M(X0)||_2^2 <= sum_i ||J_{M,i}(X0)||_2^2.
+    in.mha_row_centre_l2 = MhaRowBlockNormsUp(mha, set.center, inf_dense_limit, threads, deadline);
+    if (in.mha_row_centre_l2.size()) {
+      double sum2 = 0;
+      for (Eigen::Index i = 0; i < in.mha_row_centre_l2.size(); ++i)
+        sum2 = AddUp(sum2, MulUp(in.mha_row_centre_l2(i), in.mha_row_centre_l2(i)));
+      if (SqrtUp(sum2) < in.mha_l2_centre.value()) in.mha_l2_centre = UpperBound(SqrtUp(sum2));
+      if (p == NormKind::kL2 && SqrtUp(sum2) < in.mha_centre.value()) in.mha_centre = UpperBound(SqrtUp(sum2));
+    }
+    // MHA's variation where its pieces have none, then the heads' before Wo.
+    if (!std::isfinite(in.mha_l2_variation.value()))
+      in.mha_l2_variation = VariationOf(mha, cover, NormKind::kL2, threads, ShareOf(deadline, 0.3));
+    if (p == NormKind::kL2) in.mha_variation = in.mha_l2_variation;
+    else if (!std::isfinite(in.mha_variation.value()))
+      in.mha_variation = VariationOf(mha, cover, p, threads, ShareOf(deadline, 0.3));
+    if (mha.wo.rows() == mha.d_model && mha.wo.cols() == mha.d_model) {
+      // Norm 2: output token i's rows weighted by ||D_i(yc_i) Wo|| / max_k ||D_k(yc_k) Wo|| in
+      // the second order (the other norms have no weighted route).
+      Eigen::VectorXd w;
+      if (p == NormKind::kL2) {
+        const TokenCover yc = PostLnYCover(L, TokenCover{set.center, Eigen::VectorXd::Zero(set.center.rows()), UpperBound(0)},
+                                           Eigen::VectorXd::Zero(set.center.rows()));
+        if (yc.center.allFinite()) {
+          w = LayerNormWoNormsUp(L, PostLnFactors(L, yc, NormKind::kL2).ln_jac, NormKind::kL2);
+          const double top = w.maxCoeff();
+          if (std::isfinite(top) && top > 0)
+            for (Eigen::Index i = 0; i < w.size(); ++i) w(i) = std::min(1.0, DivUp(w(i), top));
+          else
+            w.resize(0);
+        }
+      }
+      // In norm 2 only the bound's small per-token factors follow it; in the inf norm the
+      // dense centre does, so it keeps half of the time left.
+      in.heads_variation = VariationOf(HeadsBeforeWo(mha), cover, p, threads,
+                                       ShareOf(deadline, p == NormKind::kL2 ? 0.85 : 0.5), w.size() ? &w : nullptr);
+      in.heads_row_weights = w;
+    }
+  }
+  if (p == NormKind::kL2) {
+    in.centre = centre_l2;
+  } else {
+    const PostLnCentreInfBounds c = PostLnCentreInfNormBounds(L, set.center, inf_dense_limit, threads, deadline);
+    in.centre = c.upper;
+    // The enclosure's own ||J_M(X0)||_inf is a second certified centre of MHA.
+    if (c.mha_upper.value() < in.mha_centre.value()) in.mha_centre = c.mha_upper;
+    if (inf_centre) *inf_centre = c;
+  }
+  return in;
+}
 
 EngineResult PostLnVariationCandidate(const AttentionLayer& L, const InputSet& set, NormKind p,
                                       const Certificate& mha_l2, const Certificate& mha_p, UpperBound centre_l2,
@@ -353,35 +460,14 @@ EngineResult PostLnVariationCandidate(const AttentionLayer& L, const InputSet& s
     return done(r);
   }
   const TokenCover cover = CoverOf(set);
-  const MhaPieces m2 = PiecesOf(mha_l2), mp = PiecesOf(mha_p);
-  PostLnVariationInputs in;
-  in.norm = p;
-  in.mha_l2_upper = m2.upper;
-  in.mha_l2_centre = m2.centre;
-  in.mha_l2_variation = m2.variation;
-  in.mha_upper = mp.upper;
-  in.mha_centre = mp.centre;
-  in.mha_variation = mp.variation;
-  const AttentionLayer mha = L.WithoutPostLayerNorm();
-  if (set.radius > 0)
-    TightenMhaInputsOverSet(mha, set, cover, p, threads, deadline, inf_dense_limit, &in);
-  if (p == NormKind::kL2) {
-    in.centre = centre_l2;
-    if (!std::isfinite(centre_l2.value())) {
-      r.note = "no certified centre norm of the sublayer";
-      return done(r);
-    }
-  } else {
-    const PostLnCentreInfBounds c = PostLnCentreInfNormBounds(L, set.center, inf_dense_limit, threads, deadline);
-    if (!std::isfinite(c.upper.value())) {
-      r.note = "inf centre: " + c.note;
-      return done(r);
-    }
-    in.centre = c.upper;
-    if (inf_row) *inf_row = c.row;
-    // The enclosure's own ||J_M(X0)||_inf is a second certified centre of MHA.
-    if (c.mha_upper.value() < in.mha_centre.value()) in.mha_centre = c.mha_upper;
+  PostLnCentreInfBounds inf_centre;
+  const PostLnVariationInputs in = PostLnVariationInputsFor(L, set, p, MhaPiecesOf(mha_l2), MhaPiecesOf(mha_p),
+                                                            centre_l2, threads, deadline, inf_dense_limit, &inf_centre);
+  if (!std::isfinite(in.centre.value())) {
+    r.note = p == NormKind::kL2 ? "no certified centre norm of the sublayer" : "inf centre: " + inf_centre.note;
+    return done(r);
   }
+  if (p != NormKind::kL2 && inf_row) *inf_row = inf_centre.row;
   if (set.radius == 0 && p != NormKind::kL2) {  // at a point: the inf centre, enclosure of Y0 included
     r.upper = in.centre;
     r.terms.push_back({"centre norm ||D(Yc)(I + J_M(X0))||", in.centre});

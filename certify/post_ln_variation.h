@@ -4,10 +4,15 @@
 // enclosure of Y0 = X0 + M(X0),
 //
 //   J_f(X) = D(Yc)(I + J_M(X0)) + D(Yc)(J_M(X) - J_M(X0)) + (D(Y) - D(Yc))(I + J_M(X)),
-//   sup_S ||J_f||_p <= ||D(Yc)(I + J_M(X0))||_p + max_i ||D_i(yc_i)||_p V_M
+//   sup_S ||J_f||_p <= ||D(Yc)(I + J_M(X0))||_p + min(max_i ||D_i(yc_i)||_p V_M, max_i ||D_i(yc_i) Wo||_p V_H)
 //                      + max_i sup_{y_i in B(yc_i, rho_i)} ||D_i(y_i) - D_i(yc_i)||_p (1 + U_M),
 //
-// V_M >= sup_S ||J_M(X) - J_M(X0)||_p (MHA alone's certified variation), U_M >= sup_S ||J_M||_p
+// V_M >= sup_S ||J_M(X) - J_M(X0)||_p (MHA alone's certified variation), V_H the same for the
+// heads before Wo (M = Wo . H: the layer with Wo = I, where H dv = D), so that the LayerNorm
+// factor meets Wo before any norm is taken (it shrinks the directions Wo writes to most), and
+// in norm 2 with each output token's rows weighted by ||D_i(yc_i) Wo|| / max_k ||D_k(yc_k) Wo||
+// inside the second-order bound (the max then factored out),
+// U_M >= sup_S ||J_M||_p
 // (the smaller of MHA's certified bound and ||J_M(X0)||_p + V_M), and the per-token cover of Y
 //   rho_i = r_i + R_joint * U2 + err_i,  U2 >= sup_S ||J_M||_2,
 // (mean value theorem on the segment X0 -> X inside S: ||M_i(X) - M_i(X0)|| <= ||M(X) - M(X0)||_F
@@ -15,6 +20,7 @@
 #pragma once
 
 #include <Eigen/Dense>
+#include <chrono>
 #include <string>
 #include <vector>
 
@@ -43,6 +49,12 @@ struct PostLnVariationInputs {
   // Optional (empty: not known): row_centre_l2(i) >= ||J_{M,i}(X0)||_2, token i's row block
   // (D x ND); then ||M_i(X) - M_i(X0)|| <= (row_centre_l2(i) + V_2) ||X - X0||_F as well.
   Eigen::VectorXd mha_row_centre_l2;
+  // >= sup_S ||diag(w) (J_H(X) - J_H(X0))||_p, H the heads before Wo (MHA with Wo = I and no
+  // output bias; only where Wo is D x D), w = heads_row_weights (output token i's rows times
+  // w_i >= 0; empty: all 1). The term is then max_i ||D_i(yc_i) Wo||_p / w_i times it.
+  // +inf: not known, the term uses V_M alone.
+  UpperBound heads_variation{kInf};
+  Eigen::VectorXd heads_row_weights;
 
   // "" when valid, else a message naming the field.
   std::string IsValid() const;
@@ -56,10 +68,13 @@ double LayerNormVariationUp(const LayerNormParams& ln, const Eigen::RowVectorXd&
 struct PostLnVariationReport {
   TokenCover y_cover;               // centre Yc (exact), radii rho_i
   Eigen::VectorXd ln_centre;        // >= ||D_i(yc_i)||_p
+  Eigen::VectorXd ln_wo;            // >= ||D_i(yc_i) Wo||_p (empty where heads_variation is +inf)
   Eigen::VectorXd ln_variation;     // >= sup over B(yc_i, rho_i) of ||D_i(y) - D_i(yc_i)||_p
   double mha_l2 = kInf;             // the U2 used for the cover
   double mha_variation = kInf;      // the V_M used
   double mha_upper = kInf;          // the U_M used
+  double through_mha = kInf;        // max_i ||D_i(yc_i)|| V_M
+  double through_heads = kInf;      // max_i ||D_i(yc_i) Wo|| V_H (+inf where V_H is)
 };
 
 // The cover of Y = X + M(X) over a cover of X: centre the midpoint of the interval enclosure
@@ -101,6 +116,31 @@ PostLnCentreInfBounds PostLnCentreInfNormBounds(const AttentionLayer& layer, con
                                                 int threads,
                                                 std::chrono::steady_clock::time_point deadline =
                                                     std::chrono::steady_clock::time_point::max());
+
+// MHA's certified pieces in one norm: its bound, and the centre_norm engine's centre term and
+// the sum of its variation terms (+inf where that engine did not give a finite bound).
+struct MhaPieces {
+  UpperBound upper{kInf}, centre{kInf}, variation{kInf};
+};
+// From MHA's certificate (the pipeline's run on MHA alone).
+MhaPieces MhaPiecesOf(const Certificate& mha_certificate);
+// By running the centre_norm engine on `mha` (MHA alone) over the cover, without a deadline.
+MhaPieces MhaPiecesOver(const AttentionLayer& mha, const TokenCover& cover, NormKind p, int threads);
+
+// The heads before Wo: `mha` with Wo = I and no output bias (M = Wo . H). Only where Wo is
+// D x D (heads * head_dim_v == d_model); throws std::invalid_argument otherwise.
+AttentionLayer HeadsBeforeWo(const AttentionLayer& mha);
+
+// The variation's inputs, filled in one place for the candidate and the tests: MHA's pieces
+// (m2 in norm 2, mp in the norm p), tightened over a set by the row blocks of J_M(X0) (up to
+// N*D = inf_dense_limit), MHA's variation where the pieces have none, and V_H (the heads
+// before Wo, HeadsBeforeWo), each for a share of the time before `deadline`; the centre from
+// `centre_l2` in norm 2, from PostLnCentreInfNormBounds (into *inf_centre if non-null) in the
+// inf norm.
+PostLnVariationInputs PostLnVariationInputsFor(const AttentionLayer& layer, const InputSet& set, NormKind p,
+                                               const MhaPieces& m2, const MhaPieces& mp, UpperBound centre_l2,
+                                               int threads, std::chrono::steady_clock::time_point deadline,
+                                               long inf_dense_limit, PostLnCentreInfBounds* inf_centre = nullptr);
 
 // The candidate CertifyPostLayerNorm adds (engine "post_ln_variation"): the bound above with
 // MHA's quantities read from its certificates (`mha_l2` in norm 2, `mha_p` in the norm p, the

@@ -14,6 +14,7 @@
 #include "certify/block_norm_engine.h"
 #include "certify/centred_engine.h"
 #include "certify/pipeline.h"
+#include "certify/post_ln_variation.h"
 #include "certify/probable_norm.h"
 #include "certify/search.h"
 #include "certify/witness_eval.h"
@@ -101,6 +102,47 @@ Certificate CertifyAtPoint(const AttentionLayer& L, const Eigen::MatrixXd& x, co
 }
 
 // The composition with MHA bounded by the block-norm / centred engines: many cases, cheap.
+
+// EncloseY: Y0 = X0 + MHA(X0) (MPFR) lies within err_i of the centre row by row, err_i is
+// within 1e-6 relative of |Y0| (a tight enclosure, not a vacuous one), err_frobenius covers
+// the rows together; the composition's and the variation's covers of Y share its centre.
+TEST(PostLayerNorm, EncloseYHoldsAndIsSharedByTheCovers) {
+  mpfr::mpreal::set_default_prec(256);
+  std::mt19937_64 rng(3701);
+  std::normal_distribution<double> g;
+  const long cases = testing::Count(24);
+  long rows = 0;
+  for (long c = 0; c < cases; ++c) {
+    const AttentionLayer L = RandomPostLn(int(c), rng);
+    const Eigen::MatrixXd x0 = Eigen::MatrixXd::NullaryExpr(2 + c % 4, L.d_model, [&] { return 2 * g(rng); });
+    const YEnclosure y = EncloseY(L, x0);
+    ASSERT_TRUE(y.finite) << "case " << c;
+    const AttentionLayer mha = L.WithoutPostLayerNorm();
+    const M ymp = M(x0.cast<mpreal>()) + Forward<mpreal>(mha, M(x0.cast<mpreal>()));
+    double all2 = 0;
+    for (Eigen::Index i = 0; i < x0.rows(); ++i) {
+      mpreal d2 = 0, y2 = 0;
+      for (Eigen::Index a = 0; a < x0.cols(); ++a) {
+        d2 += (ymp(i, a) - mpreal(y.centre(i, a))) * (ymp(i, a) - mpreal(y.centre(i, a)));
+        y2 += ymp(i, a) * ymp(i, a);
+      }
+      const double dist = mpfr::sqrt(d2).toDouble();
+      EXPECT_LE(dist, y.err(i)) << "case " << c << " token " << i;
+      EXPECT_LE(y.err(i), 1e-6 * mpfr::sqrt(y2).toDouble() + 1e-300) << "case " << c << " token " << i;
+      all2 += dist * dist;
+      ++rows;
+    }
+    EXPECT_LE(std::sqrt(all2), y.err_frobenius * (1 + 1e-12)) << "case " << c;
+    InputSet set;
+    set.center = x0;
+    set.radius = 1e-3;
+    const TokenCover cover = CoverOf(set);
+    EXPECT_EQ(ComposePostLayerNorm(L, cover, UpperBound(1), UpperBound(1), NormKind::kL2).y_cover.center, y.centre);
+    EXPECT_EQ(PostLnYCover(L, cover, Eigen::VectorXd::Zero(x0.rows())).center, y.centre);
+  }
+  EXPECT_GT(rows, 2 * cases);
+}
+
 TEST(PostLayerNorm, ComposedBoundDominatesMpfrValuesAtRandomPoints) {
   std::mt19937_64 rng(2024);
   std::normal_distribution<double> g;

@@ -67,43 +67,17 @@ Eigen::MatrixXd RandomPointIn(const InputSet& set, std::mt19937_64& rng, double 
   return set.Project(set.center + set.radius * fraction * dx / dx.norm());
 }
 
-// MHA alone's certified pieces over the cover (the centre_norm engine), in the norm p.
-struct MhaPieces {
-  UpperBound upper{kInf}, centre{kInf}, variation{kInf};
-};
-MhaPieces MhaPiecesOf(const AttentionLayer& L, const TokenCover& cover, NormKind p) {
-  BoundOptions o;
-  o.norm = p;
-  const EngineBound e = CentreNormBound(L.WithoutPostLayerNorm(), cover, o, 1L << 30);
-  MhaPieces m;
-  m.upper = e.upper;
-  m.centre = e.terms.at(0).value;
-  double v = 0;
-  for (size_t i = 1; i < e.terms.size(); ++i) v = AddUp(v, e.terms[i].value.value());
-  m.variation = UpperBound(v);
-  return m;
-}
-
-// The variation's inputs for the layer over the set, from public engines.
+// The variation's inputs for the layer over the set, filled as the candidate fills them, with
+// MHA's pieces from its centre_norm engine.
 PostLnVariationInputs InputsFor(const AttentionLayer& L, const InputSet& set, NormKind p) {
   const TokenCover cover = CoverOf(set);
-  const MhaPieces m2 = MhaPiecesOf(L, cover, NormKind::kL2);
-  const MhaPieces mp = p == NormKind::kL2 ? m2 : MhaPiecesOf(L, cover, p);
-  PostLnVariationInputs in;
-  in.norm = p;
-  in.mha_l2_upper = m2.upper;
-  in.mha_l2_centre = m2.centre;
-  in.mha_l2_variation = m2.variation;
-  in.mha_upper = mp.upper;
-  in.mha_centre = mp.centre;
-  in.mha_variation = mp.variation;
-  in.mha_row_centre_l2 = MhaRowBlockNormsUp(L.WithoutPostLayerNorm(), set.center, 1L << 30, 1);
-  if (p == NormKind::kL2) {
-    in.centre = PostLnCentreBound(L, set.center, BoundOptions{}).terms.at(0).value;
-  } else {
-    in.centre = PostLnCentreInfNormBounds(L, set.center, 1L << 30, 1).upper;
-  }
-  return in;
+  const AttentionLayer mha = L.WithoutPostLayerNorm();
+  const MhaPieces m2 = MhaPiecesOver(mha, cover, NormKind::kL2, 1);
+  const MhaPieces mp = p == NormKind::kL2 ? m2 : MhaPiecesOver(mha, cover, p, 1);
+  const UpperBound centre_l2 =
+      p == NormKind::kL2 ? PostLnCentreBound(L, set.center, BoundOptions{}).terms.at(0).value : UpperBound(kInf);
+  return PostLnVariationInputsFor(L, set, p, m2, mp, centre_l2, 1, std::chrono::steady_clock::time_point::max(),
+                                  1L << 30);
 }
 
 struct SetCase {
@@ -205,6 +179,99 @@ TEST(PostLnVariation, EachTermFailsAtFourFifths) {
   EXPECT_EQ(centre_fails, cases);
   EXPECT_EQ(factor_fails, cases);
   EXPECT_GT(ln_fails, cases / 2);
+}
+
+// A post-LN layer whose Wo is D x D (heads * dv = D), so that the heads before Wo apply.
+AttentionLayer RandomSquareWoPostLn(long c, std::mt19937_64& rng) {
+  RandomLayerSpec spec;
+  spec.kind = c % 2 ? AttentionKind::kL2 : AttentionKind::kDot;
+  spec.causal = c % 3 == 1;
+  spec.biases = c % 4 != 3;
+  spec.layer_norm = true;
+  spec.heads = 1 + c % 2;
+  spec.dk = 2 + (c / 2) % 2;
+  spec.d = spec.heads * spec.dk;
+  spec.qk_scale = 1 + c % 3;
+  AttentionLayer L = RandomAttentionLayer(spec, rng);
+  L.post_layer_norm = L.layer_norm;
+  L.layer_norm.reset();
+  // gamma far from uniform, as trained LayerNorms are: the factor D_i Wo then differs from
+  // ||D_i|| ||Wo||.
+  std::normal_distribution<double> g;
+  for (Eigen::Index a = 0; a < L.post_layer_norm->gamma.size(); ++a)
+    L.post_layer_norm->gamma(a) = std::exp(1.5 * g(rng));
+  return L;
+}
+
+// The MHA variation through the heads before Wo, scale x V_H with scale = max_i ||D_i(yc_i) Wo|| / w_i
+// and V_H >= sup ||diag(w)(J_H(X) - J_H(X0))|| (norm 2: w_i = ||D_i Wo|| / max_k ||D_k Wo||):
+//   the identity D(Yc)(J_M(X) - J_M(X0)) = blockdiag(D_i(yc_i) Wo)(J_H(X) - J_H(X0)) in MPFR,
+//   V_H >= ||diag(w)(J_H(X) - J_H(X0))|| and the term >= ||D(Yc)(J_M(X) - J_M(X0))|| at random points;
+//   the factor: ||D_i Wo|| certified within 1e-9 (and 1e-12 absolute) of MPFR and scale within 1e-9 of the largest,
+//   so 0.8 x scale is below it in every case; the term: at 0.8 x (V_H's own looseness divided
+//   out, V_H / the largest witnessed ||diag(w)(J_H(X) - J_H(X0))||) it is below the witnessed
+//   ||D(Yc)(J_M(X) - J_M(X0))|| in at least one case.
+TEST(PostLnVariation, HeadsBeforeWoTermDominatesMpfrAndIsTight) {
+  mpfr::mpreal::set_default_prec(256);
+  std::mt19937_64 rng(3608);
+  const long cases = testing::Count(16);
+  long checked = 0, points = 0, factor_fails = 0, term_fails = 0, heads_won = 0;
+  for (long c = 0; c < cases; ++c) {
+    const NormKind p = c % 4 == 3 ? NormKind::kLinf : NormKind::kL2;
+    std::normal_distribution<double> g;
+    const AttentionLayer L = RandomSquareWoPostLn(c, rng);
+    InputSet set;
+    set.center = Eigen::MatrixXd::NullaryExpr(2 + c % 3, L.d_model, [&] { return 2 * g(rng); });
+    set.radius = std::pow(10.0, std::uniform_real_distribution<double>(-4, -2)(rng));
+    const AttentionLayer mha = L.WithoutPostLayerNorm(), heads = HeadsBeforeWo(mha);
+    const PostLnVariationInputs in = InputsFor(L, set, p);
+    ASSERT_TRUE(std::isfinite(in.heads_variation.value())) << "case " << c;
+    const int n = int(set.center.rows()), d = L.d_model;
+    ASSERT_EQ(in.heads_row_weights.size(), p == NormKind::kL2 ? n : 0) << "case " << c;
+    const Eigen::VectorXd w = in.heads_row_weights.size() ? in.heads_row_weights : Eigen::VectorXd::Ones(n);
+    PostLnVariationReport rep;
+    const EngineBound b = PostLnVariationBound(L, CoverOf(set), in, DefaultExpBackend(), &rep);
+    ASSERT_TRUE(std::isfinite(b.upper.value())) << "case " << c << ": " << b.note;
+    ASSERT_TRUE(std::isfinite(rep.through_heads)) << "case " << c;
+    EXPECT_EQ(b.terms.at(1).value.value(), std::min(rep.through_mha, rep.through_heads));
+    if (rep.through_heads < rep.through_mha) ++heads_won;
+    Eigen::MatrixXd dyc = Eigen::MatrixXd::Zero(n * d, n * d), dwo = dyc, wrows = dyc;
+    double factor_max = 0;
+    for (int i = 0; i < n; ++i) {
+      const Eigen::MatrixXd di = LayerNormJacobianMp(*L.post_layer_norm, rep.y_cover.center.row(i));
+      dyc.block(i * d, i * d, d, d) = di;
+      dwo.block(i * d, i * d, d, d) = di * L.wo;  // rounded: compared at 1e-9 below
+      wrows.block(i * d, i * d, d, d) = w(i) * Eigen::MatrixXd::Identity(d, d);
+      const double f = NormOf(di * L.wo, p);
+      factor_max = std::max(factor_max, f);
+      EXPECT_GE(rep.ln_wo(i), f * (1 - 1e-12)) << "case " << c;
+      EXPECT_LE(rep.ln_wo(i), f * (1 + 1e-9) + 1e-12) << "case " << c;  // the certificate's absolute floor
+    }
+    const double scale = rep.through_heads / in.heads_variation.value();
+    EXPECT_LE(scale, factor_max * (1 + 1e-9) + 1e-12) << "case " << c;
+    if (0.8 * scale < factor_max) ++factor_fails;
+    const Eigen::MatrixXd jm0 = JacobianMp(mha, set.center), jh0 = JacobianMp(heads, set.center);
+    double seen_heads = 0, seen_term = 0;
+    for (int k = 0; k < 8; ++k) {
+      const Eigen::MatrixXd x = RandomPointIn(set, rng, k % 2 ? 1.0 : 0.5);
+      const Eigen::MatrixXd dm = dyc * (JacobianMp(mha, x) - jm0), dh = JacobianMp(heads, x) - jh0;
+      EXPECT_LE((dm - dwo * dh).norm(), 1e-9 * (dm.norm() + 1e-300) + 1e-14) << "case " << c << " point " << k;
+      const double weighted = NormOf(wrows * dh, p);
+      seen_heads = std::max(seen_heads, weighted);
+      seen_term = std::max(seen_term, NormOf(dm, p));
+      EXPECT_LE(weighted, in.heads_variation.value() * (1 + 1e-9)) << "case " << c << " point " << k;
+      EXPECT_LE(NormOf(dm, p), rep.through_heads * (1 + 1e-9)) << "case " << c << " point " << k;
+      ++points;
+    }
+    if (seen_heads > 0 && 0.8 * scale * seen_heads < seen_term) ++term_fails;
+    ++checked;
+  }
+  EXPECT_EQ(checked, cases);
+  EXPECT_EQ(points, 8 * cases);
+  EXPECT_EQ(factor_fails, cases);
+  EXPECT_GT(term_fails, 0);
+  std::printf("heads before Wo: the smaller MHA term in %ld of %ld cases; the term's 0.8 fails in %ld\n", heads_won,
+              cases, term_fails);
 }
 
 // The row blocks of J_M(X0): certified above the MPFR sigma_1 of each block and within 1e-6
