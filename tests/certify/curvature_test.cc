@@ -9,6 +9,7 @@
 #include <random>
 
 #include "certify/centre_norm.h"
+#include "certify/certify.h"
 #include "certify/taylor.h"
 #include "tests/certify/test_util.h"
 
@@ -515,6 +516,45 @@ TEST(CurvatureTest, TaylorVariationBoundDominatesTheJacobianOnTheBall) {
     }
   }
   EXPECT_GT(checked, 0);
+}
+
+// Certify runs the Taylor stage on a small ball about a dot layer's centre: its engine
+// entry carries the three terms, dominates the MPFR Jacobian norm at points of the ball, and
+// the certificate's bound is the smallest engine's. On a ball of radius 10 the remainder
+// alone exceeds the bound in hand and the stage says so without computing the curvature.
+TEST(CurvatureTest, CertifyRunsTheTaylorStage) {
+  std::mt19937_64 rng(43);
+  int applied = 0, declined = 0;
+  for (long t = 0; t < testing::Count(6); ++t) {
+    const AttentionLayer L = RandomDotLayer(rng);
+    const int n = std::uniform_int_distribution<int>(2, 4)(rng);
+    InputSet set{SetKind::kBall, RandomPoint(rng, n, L.d_model, 1.0), 0.0};
+    set.radius = (t == 0 ? 10.0 : 1e-6) * set.center.norm();
+    CertifyOptions o;
+    o.time_limit_s = 5;
+    o.threads = 1;
+    const Certificate c = Certify(L, set, o, {});
+    const EngineResult* taylor = nullptr;
+    for (const EngineResult& e : c.engines)
+      if (e.id == EngineId::kTaylor) taylor = &e;
+    if (taylor == nullptr) continue;  // the tolerance was met before the stage
+    if (!taylor->applied) {
+      EXPECT_NE(taylor->note.find("taylor"), std::string::npos) << taylor->note;
+      ++declined;
+      continue;
+    }
+    ASSERT_EQ(taylor->terms.size(), 3u);
+    EXPECT_EQ(taylor->terms[2].name, "remainder");
+    EXPECT_LE(c.upper_bound.value(), taylor->upper.value());
+    for (int k = 0; k < 3; ++k) {
+      const Eigen::MatrixXd x = k == 0 ? set.center : PointOfBall(rng, set.center, set.radius);
+      EXPECT_LE(testing_util::JacobianNormMp(L, x, NormKind::kL2), taylor->upper.value()) << "layer " << t;
+    }
+    ++applied;
+  }
+  EXPECT_GT(applied, 0);
+  EXPECT_GT(declined, 0);
+  EXPECT_STREQ(EngineIdToString(EngineId::kTaylor), "taylor");
 }
 
 }  // namespace
