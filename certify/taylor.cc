@@ -49,6 +49,72 @@ Eigen::VectorXd CentredRowNormsUp(const IntervalMatrix& a, const Eigen::MatrixXd
   return RowNormsUp(Mul(centred, Eigen::MatrixXd(w.transpose())));
 }
 
+// (sum_j w_j z_j^p)^(1/p), rounded up (w, z >= 0).
+double WeightedNormUp(const Eigen::VectorXd& w, const Eigen::VectorXd& z, int p) {
+  double sum = 0;
+  for (Eigen::Index j = 0; j < w.size(); ++j) {
+    double zp = 1;
+    for (int e = 0; e < p; ++e) zp = MulUp(zp, z(j));
+    sum = AddUp(sum, MulUp(w(j), zp));
+  }
+  if (sum == 0) return 0;
+  double x = std::pow(sum, 1.0 / p);
+  for (int guard = 0; guard < 64; ++guard) {  // x^p >= sum, the power rounded down
+    double xp = 1;
+    for (int e = 0; e < p; ++e) xp = MulDown(xp, x);
+    if (xp >= sum) return x;
+    x = NextUp(NextUp(x));
+  }
+  return kInf;
+}
+
+// Row j's distance ||z_j - c||_2 to a fixed vector, over the enclosure (|mid - c| + rad), up.
+double DistanceUp(const IntervalMatrix& z, Eigen::Index j, const Eigen::RowVectorXd& c) {
+  double sum = 0;
+  for (Eigen::Index e = 0; e < z.cols(); ++e) {
+    const double d =
+        AddUp(std::max(std::fabs(SubUp(z.mid(j, e), c(e))), std::fabs(SubDown(z.mid(j, e), c(e)))), z.rad(j, e));
+    sum = AddUp(sum, MulUp(d, d));
+  }
+  return SqrtUp(sum);
+}
+
+// One head's centre quantities for the moment form: kq = K0 Wq (rows: Wq^T k_j, unscaled),
+// xo = V0 Wo^T (rows: Wo v_j), the cover's radii, s, ||Wq^T Wk||, ||Wo Wv||, omega.
+struct MomentInputs {
+  IntervalMatrix kq, xo;
+  const Eigen::VectorXd& r;
+  double s_hi, qk, nu, omega;
+};
+
+// Row i's coefficients from the softmax-weighted moments (docs/engines.md, "A structured
+// third-derivative bound"): with rho_j >= s ||Wq^T (k_j - c)|| and xi_j >= ||Wo (v_j - c')|| over
+// the cover (c, c' the rows' Phat-weighted means), R_p = (sum_j Phat_ij rho_j^p)^(1/p),
+// S_p = R_p + gamma_i, X2 = (sum_j Phat_ij xi_j^2)^(1/2):
+//   A = X2 (24 S6^2 R6 + 3 S2^2 R2) + 12 X2 S4 omega + 3 nu omega,
+//   B = X2 (8 gamma^3 + 3 S2^2 gamma) + 12 nu S4^2.
+void MomentCoefficientsUp(const MomentInputs& m, const Eigen::MatrixXd& p_hi, int i, double gamma, double* a,
+                          double* b) {
+  const Eigen::Index n = p_hi.cols();
+  const Eigen::VectorXd w = p_hi.row(i).transpose();
+  const double wsum = std::max(w.sum(), 1e-300);
+  const Eigen::RowVectorXd ck = (w.transpose() * m.kq.mid) / wsum, cx = (w.transpose() * m.xo.mid) / wsum;
+  Eigen::VectorXd rho(n), xi(n);
+  for (Eigen::Index j = 0; j < n; ++j) {
+    rho(j) = MulUp(m.s_hi, AddUp(DistanceUp(m.kq, j, ck), MulUp(m.r(j), m.qk)));
+    xi(j) = AddUp(DistanceUp(m.xo, j, cx), MulUp(m.r(j), m.nu));
+  }
+  const double r2 = WeightedNormUp(w, rho, 2), r4 = WeightedNormUp(w, rho, 4), r6 = WeightedNormUp(w, rho, 6);
+  const double x2 = WeightedNormUp(w, xi, 2);
+  const double s2 = AddUp(r2, gamma), s4 = AddUp(r4, gamma), s6 = AddUp(r6, gamma);
+  const double s2sq = MulUp(s2, s2), s4sq = MulUp(s4, s4);
+  *a = AddUp(AddUp(MulUp(x2, AddUp(MulUp(24.0, MulUp(MulUp(s6, s6), r6)), MulUp(3.0, MulUp(s2sq, r2)))),
+                   MulUp(12.0, MulUp(MulUp(x2, s4), m.omega))),
+             MulUp(3.0, MulUp(m.nu, m.omega)));
+  *b = AddUp(MulUp(x2, AddUp(MulUp(8.0, MulUp(MulUp(gamma, gamma), gamma)), MulUp(3.0, MulUp(s2sq, gamma)))),
+             MulUp(12.0, MulUp(m.nu, s4sq)));
+}
+
 // One head's coefficients A_i (the t_i part) and B_i (the sqrt(W_i) part) over the cover, and
 // the softmax's upper bounds. See the header and docs/engines.md for the four terms.
 struct HeadThird {
@@ -100,6 +166,16 @@ HeadThird HeadThirdUp(const AttentionLayer& L, int h, const TokenCover& cover, d
   const IntervalMatrix q = Widen(q0, r, nq), k = Widen(k0, r, nk);
   const Interval s = InvSqrt(Interval(double(dk)));
   out.p_hi = SoftmaxRowsRange(Scale(s, Mul(q, k.transpose())), L.causal).hi;
+  // The moments' coefficients, row by row where their A + B is the smaller.
+  const MomentInputs mi{Mul(k0, wq), Mul(v0, Eigen::MatrixXd(wo.transpose())), r, s_hi, qk, nu, omega};
+  for (int i = 0; i < n; ++i) {
+    double a = 0, b = 0;
+    MomentCoefficientsUp(mi, out.p_hi, i, gamma(i), &a, &b);
+    if (AddUp(a, b) < AddUp(out.a(i), out.b(i))) {
+      out.a(i) = a;
+      out.b(i) = b;
+    }
+  }
   return out;
 }
 
