@@ -60,18 +60,20 @@ double TaylorSeconds(const CertifyRun& run) {
 
 void RunTaylor(CertifyRun& run, double seconds) {
   const auto start = Clock::now();
+  // The remainder (with the centre where centre_norm gave one, curvature 0) first: C(X0) is
+  // computed only where it can pay.
   const UpperBound centre = CentreFromCentreNorm(run);
-  if (!std::isfinite(centre.value())) {
-    run.Refused(EngineId::kTaylor, "taylor: needs centre_norm's certified centre norm");
-    return;
-  }
-  // The remainder alone (curvature 0) first: C(X0) is computed only where it can pay.
   CurvatureBound zero;
   zero.upper = UpperBound(0.0);
-  const EngineBound floor = TaylorVariationBound(run.layer, centre, run.cover, zero);
+  const bool known = std::isfinite(centre.value());
+  const EngineBound floor = TaylorVariationBound(run.layer, known ? centre : UpperBound(0.0), run.cover, zero);
   if (!(floor.upper.value() < run.cert.upper_bound.value())) {
-    run.Refused(EngineId::kTaylor, "taylor: centre + remainder " + std::to_string(floor.upper.value()) +
-                                       " already at or above the bound in hand");
+    run.Refused(EngineId::kTaylor, std::string("taylor: ") + (known ? "centre + remainder " : "remainder ") +
+                                       std::to_string(floor.upper.value()) + " already at or above the bound in hand");
+    return;
+  }
+  if (!known) {
+    run.Refused(EngineId::kTaylor, "taylor: needs centre_norm's certified centre norm");
     return;
   }
   const int n = run.set.tokens();
