@@ -92,7 +92,10 @@ struct MomentInputs {
 // the cover (c, c' the rows' Phat-weighted means), R_p = (sum_j Phat_ij rho_j^p)^(1/p),
 // S_p = R_p + gamma_i, X2 = (sum_j Phat_ij xi_j^2)^(1/2):
 //   A = X2 (24 S6^2 R6 + 3 S2^2 R2) + 12 X2 S4 omega + 3 nu omega,
-//   B = X2 (8 gamma^3 + 3 S2^2 gamma) + 12 nu S4^2.
+//   B = X2 (8 gamma^3 + 3 S2^2 gamma) + 12 nu S4^2,
+// or, centring by |E y| <= Y_2 instead of Y_p (S' = R6 + R2 + 2 gamma), the smaller sum of
+//   A = X2 (3 S'^2 (R6 + R2) + 3 S2^2 R2) + 6 X2 (S4 + S2) omega + 3 nu omega,
+//   B = X2 (8 gamma^3 + 3 S2^2 gamma) + 3 nu (S4 + S2)^2.
 void MomentCoefficientsUp(const MomentInputs& m, const Eigen::MatrixXd& p_hi, int i, double gamma, double* a,
                           double* b) {
   const Eigen::Index n = p_hi.cols();
@@ -108,11 +111,23 @@ void MomentCoefficientsUp(const MomentInputs& m, const Eigen::MatrixXd& p_hi, in
   const double x2 = WeightedNormUp(w, xi, 2);
   const double s2 = AddUp(r2, gamma), s4 = AddUp(r4, gamma), s6 = AddUp(r6, gamma);
   const double s2sq = MulUp(s2, s2), s4sq = MulUp(s4, s4);
+  const double nuom = MulUp(3.0, MulUp(m.nu, m.omega)), g3 = MulUp(8.0, MulUp(MulUp(gamma, gamma), gamma));
+  const double tail = MulUp(x2, AddUp(g3, MulUp(3.0, MulUp(s2sq, gamma))));
+  // ||y~||_p <= 2 Y_p:
   *a = AddUp(AddUp(MulUp(x2, AddUp(MulUp(24.0, MulUp(MulUp(s6, s6), r6)), MulUp(3.0, MulUp(s2sq, r2)))),
                    MulUp(12.0, MulUp(MulUp(x2, s4), m.omega))),
-             MulUp(3.0, MulUp(m.nu, m.omega)));
-  *b = AddUp(MulUp(x2, AddUp(MulUp(8.0, MulUp(MulUp(gamma, gamma), gamma)), MulUp(3.0, MulUp(s2sq, gamma)))),
-             MulUp(12.0, MulUp(m.nu, s4sq)));
+             nuom);
+  *b = AddUp(tail, MulUp(12.0, MulUp(m.nu, s4sq)));
+  // ||y~||_p <= Y_p + Y_2 (|E y| <= Y_2), with S' = R6 + R2 + 2 gamma:
+  const double sp = AddUp(AddUp(r6, r2), MulUp(2.0, gamma)), s42 = AddUp(s4, s2);
+  const double a2 = AddUp(AddUp(MulUp(x2, AddUp(MulUp(3.0, MulUp(MulUp(sp, sp), AddUp(r6, r2))), MulUp(3.0, MulUp(s2sq, r2)))),
+                                MulUp(6.0, MulUp(MulUp(x2, s42), m.omega))),
+                          nuom);
+  const double b2 = AddUp(tail, MulUp(3.0, MulUp(m.nu, MulUp(s42, s42))));
+  if (AddUp(a2, b2) < AddUp(*a, *b)) {
+    *a = a2;
+    *b = b2;
+  }
 }
 
 // One head's coefficients A_i (the t_i part) and B_i (the sqrt(W_i) part) over the cover, and
