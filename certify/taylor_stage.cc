@@ -24,15 +24,17 @@ constexpr long kTaylorWorkBudgetSize = 512;
 // The curvature's uninterruptible tail: the output Gram (2 N^2 D^2 H dv interval operations)
 // and the Cholesky of N D ((N D)^3 / 3), at kCentredOperationsPerSecond times the machine's
 // interval slowdown; the Gram's pair blocks (about 40 (N H)^2 (N^2 dv + N dv^2) scalar
-// midpoint-radius operations) at kCurvatureOperationsPerSecond.
-constexpr double kCurvatureOperationsPerSecond = 1e8;
+// midpoint-radius operations) at kCurvatureOperationsPerSecond per thread (measured 6e7 to
+// 7.5e7 per thread on the zoo and MiniLM layers under a load of 5x the cores; idle about
+// 2e8).
+constexpr double kCurvatureOperationsPerSecond = 2e8;
 
-double CurvatureSecondsModel(const AttentionLayer& L, int n) {
+double CurvatureSecondsModel(const AttentionLayer& L, int n, int threads) {
   const double nd = double(n) * L.d_model, nh = double(n) * L.heads, dv = L.head_dim_v;
   const double tail = 2.0 * n * n * double(L.d_model) * L.d_model * L.heads * dv + nd * nd * nd / 3;
   const double gram = 40.0 * nh * nh * (double(n) * n * dv + n * dv * dv);
   return IntervalSlowdown() *
-         (tail / time_model::kCentredOperationsPerSecond + gram / kCurvatureOperationsPerSecond);
+         (tail / time_model::kCentredOperationsPerSecond + gram / (kCurvatureOperationsPerSecond * threads));
 }
 
 // centre_norm's certified ||J(X0)||_2 (+inf when it did not give one).
@@ -76,13 +78,13 @@ void RunTaylor(CertifyRun& run, double seconds) {
     run.Refused(EngineId::kTaylor, "taylor: needs centre_norm's certified centre norm");
     return;
   }
-  const int n = run.set.tokens();
-  if (!run.by_work() && CurvatureSecondsModel(run.layer, n) > seconds) {
+  const int n = run.set.tokens(), threads = std::max(1, run.cert.run.threads);
+  if (!run.by_work() && CurvatureSecondsModel(run.layer, n, threads) > seconds) {
     run.Refused(EngineId::kTaylor, "taylor: the curvature's predicted time is above the stage's share");
     return;
   }
   CurvatureOptions co;
-  co.threads = run.cert.run.threads;
+  co.threads = threads;
   co.time_limit_seconds = run.by_work() ? 0.0 : std::max(1e-3, seconds);
   const CurvatureBound c = CentreCurvatureUpperBound(run.layer, run.set.center, co);
   if (!c.message.empty()) {
