@@ -3,7 +3,7 @@
 //
 //   build/bench/curvature_bench MODEL LAYER CENTRE [--preset P] [--threads T] [--starts S]
 //                               [--max-gram-size M] [--relative-radius r] [--cover-radius r]
-//                               [--cover-only]
+//                               [--cover-only] [--third r]
 //
 // MODEL and CENTRE as for `lipcert certify` (CENTRE is FILE:TENSOR). Prints the certified
 // C(X0) >= sup_{||U||_F = 1} ||D^2 f(X0)[U, U]||_F, its floating value, the tensor power
@@ -14,6 +14,8 @@
 // curvature over the ball's token cover (CoverCurvatureUpperBound), its seconds, and the
 // variation bound ||J(X0)|| + R sup_cover C (CurvatureVariationBound, centre =
 // CentreJacobianNormUpperBound). --cover-only skips C(X0) and the tensor power method.
+// With --third r (repeatable): the third-derivative bounds over the ball of radius r ||X0||_F
+// against the power method's estimate of sup ||D^3 f(X0)[U, U, U]|| at the centre.
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -23,6 +25,7 @@
 
 #include "certify/centre_norm.h"
 #include "certify/curvature.h"
+#include "certify/taylor.h"
 #include "models/centre.h"
 #include "models/loader.h"
 
@@ -43,6 +46,7 @@ int main(int argc, char** argv) {
     std::vector<double> radii;  // relative radii of the Taylor model's balls
     std::vector<double> cover_radii;  // relative radii of the covers' balls
     bool cover_only = false;
+    std::vector<double> third_radii;  // relative radii at which to bound the third derivative
     for (int i = 4; i < argc; ++i) {
       const std::string a = argv[i];
       if (a == "--preset" && i + 1 < argc) lo.preset = argv[++i];
@@ -52,6 +56,7 @@ int main(int argc, char** argv) {
       else if (a == "--relative-radius" && i + 1 < argc) radii.push_back(std::atof(argv[++i]));
       else if (a == "--cover-radius" && i + 1 < argc) cover_radii.push_back(std::atof(argv[++i]));
       else if (a == "--cover-only") cover_only = true;
+      else if (a == "--third" && i + 1 < argc) third_radii.push_back(std::atof(argv[++i]));
       else throw std::invalid_argument("unknown option " + a);
     }
     LoadedModel m = LoadModel(argv[1], lo);
@@ -70,6 +75,19 @@ int main(int argc, char** argv) {
                   "ratio %.3f\n",
                   int(x0.rows()), L.d_model, L.heads, c.upper.value(), c.estimate, c.seconds, estimate, starts, est_s,
                   c.upper.value() / estimate);
+    }
+    for (const double rel : third_radii) {
+      const auto t0 = std::chrono::steady_clock::now();
+      const UpperBound crude = ThirdDerivativeUpperBound(L, x0, rel * x0.norm());
+      const UpperBound structured =
+          StructuredThirdDerivativeUpperBound(L, CoverOf(InputSet{SetKind::kBall, x0, rel * x0.norm()}));
+      const double crude_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      const auto t1 = std::chrono::steady_clock::now();
+      const double est = ThirdDerivativeLowerEstimate(L, x0, starts, 20, 1);
+      const double est_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
+      std::printf("third derivative, ball %.4g of ||X0||: crude %.6g  structured %.6g (%.2f s)  power estimate at X0 "
+                  "%.6g (%.1f s)  ratio %.3g\n",
+                  rel, crude.value(), structured.value(), crude_s, est, est_s, structured.value() / est);
     }
     const UpperBound centre =
         radii.empty() && cover_radii.empty() ? UpperBound(kInf) : CentreJacobianNormUpperBound(L, x0);
@@ -91,9 +109,9 @@ int main(int argc, char** argv) {
     }
     for (const double rel : radii) {
       const double radius = rel * x0.norm();
-      const TaylorJacobianBound t = TaylorJacobianUpperBound(L, x0, radius, centre, c);
-      std::printf("R=%.6g  taylor %.6g = centre %.6g + curvature %.6g + remainder %.6g\n", radius, t.total.value(),
-                  t.centre.value(), t.curvature.value(), t.remainder.value());
+      const EngineBound t = TaylorVariationBound(L, centre, CoverOf(InputSet{SetKind::kBall, x0, radius}), c);
+      std::printf("R=%.6g  taylor %.6g = centre %.6g + curvature %.6g + remainder %.6g\n", radius, t.upper.value(),
+                  t.terms[0].value.value(), t.terms[1].value.value(), t.terms[2].value.value());
     }
     return 0;
   } catch (const std::exception& e) {

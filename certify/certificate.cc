@@ -34,6 +34,7 @@ const char* EngineIdToString(EngineId id) {
     case EngineId::kPostLnComposition: return "post_ln_composition";
     case EngineId::kPostLnCentre: return "post_ln_centre";
     case EngineId::kPostLnVariation: return "post_ln_variation";
+    case EngineId::kTaylor: return "taylor";
   }
   return "?";
 }
@@ -41,7 +42,8 @@ const char* EngineIdToString(EngineId id) {
 bool StringToEngineId(const std::string& name, EngineId* id) {
   for (EngineId e : {EngineId::kClosedFormCastin, EngineId::kClosedFormKim, EngineId::kClosedFormKimInf,
                      EngineId::kBlockNorm, EngineId::kCentred, EngineId::kCentreNorm, EngineId::kBranchAndBound,
-                     EngineId::kPostLnComposition, EngineId::kPostLnCentre, EngineId::kPostLnVariation})
+                     EngineId::kPostLnComposition, EngineId::kPostLnCentre, EngineId::kPostLnVariation,
+                     EngineId::kTaylor})
     if (name == EngineIdToString(e)) {
       *id = e;
       return true;

@@ -51,6 +51,7 @@ enum class EngineId {
   kPostLnComposition,  // "post_ln_composition"
   kPostLnCentre,       // "post_ln_centre"
   kPostLnVariation,    // "post_ln_variation"
+  kTaylor,             // "taylor" (certify/taylor.h)
 };
 const char* EngineIdToString(EngineId id);
 // The id whose ToString is `name`; false when none is.

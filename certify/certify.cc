@@ -47,12 +47,13 @@ std::string ValidateCertifyOptions(const CertifyOptions& o) { return o.IsValid()
 namespace {
 
 // A layer without post-LN (attention alone, or the pre-LN sublayer X + MHA(LN(X))):
-// closed forms -> structured engines on the whole set -> probabilistic bound beside the
+// closed forms -> structured engines on the whole set -> the Taylor model -> probabilistic bound beside the
 // certificate -> witnessed lower bound -> branch and bound -> residual invertibility.
 //   id                            applies                     seconds (when it starts)     run
 const Stage kStages[] = {
     {StageId::kClosedForms,        Always,                     TimeLeft,                    RunClosedForms},
     {StageId::kStructuredEngines,  Always,                     EnginesSeconds,              RunStructuredEngines},
+    {StageId::kTaylor,             TaylorApplies,              TaylorSeconds,               RunTaylor},
     {StageId::kProbabilistic,      ProbabilisticApplies,       ProbabilisticSeconds,        RunProbabilistic},
     {StageId::kSearch,             Always,                     SearchSeconds,               RunSearch},
     {StageId::kBranchAndBound,     Always,                     TimeLeft,                    RunBranchAndBound},

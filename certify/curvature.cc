@@ -609,4 +609,62 @@ double CurvatureLowerEstimate(const AttentionLayer& L, const Eigen::MatrixXd& x0
   return best;
 }
 
+namespace {
+
+// D^3 f(X0)[U, U, U] by a central difference of D^2 f[U, U] along U.
+Eigen::MatrixXd ThirdDirectionalFd(const AttentionLayer& L, const Eigen::MatrixXd& x0, const Eigen::MatrixXd& u,
+                                   double eps) {
+  const Eigen::MatrixXd a = SecondDirectional<double>(L, Evaluate<double>(L, Eigen::MatrixXd(x0 + eps * u)), u);
+  const Eigen::MatrixXd b = SecondDirectional<double>(L, Evaluate<double>(L, Eigen::MatrixXd(x0 - eps * u)), u);
+  return (a - b) / (2 * eps);
+}
+
+}  // namespace
+
+double ThirdDerivativeLowerEstimate(const AttentionLayer& L, const Eigen::MatrixXd& x0, int starts, int iterations,
+                                   unsigned seed, const Eigen::MatrixXd& start, Eigen::MatrixXd* argmax) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<double> gauss(0.0, 1.0);
+  const double eps = 1e-3 * std::max(1e-3, x0.norm() / std::sqrt(double(x0.size())));
+  double best = 0;
+  auto consider = [&](const Eigen::MatrixXd& u, double value) {
+    if (value > best) {
+      best = value;
+      if (argmax) *argmax = u;
+    }
+  };
+  for (int st = 0; st < starts + (start.size() ? 1 : 0); ++st) {
+    Eigen::MatrixXd u(x0.rows(), x0.cols());
+    if (st == starts) {
+      u = start;
+    } else {
+      for (Eigen::Index k = 0; k < u.size(); ++k) u(k) = gauss(rng);
+      if (st % 2 == 1 && x0.rows() > 1) {
+        const int a = int(rng() % x0.rows()), b = int(rng() % x0.rows());
+        for (Eigen::Index r = 0; r < u.rows(); ++r)
+          if (r != a && r != b) u.row(r).setZero();
+      }
+    }
+    if (!(u.norm() > 0)) continue;
+    u /= u.norm();
+    for (int it = 0; it < iterations; ++it) {
+      const Eigen::MatrixXd t = ThirdDirectionalFd(L, x0, u, eps);
+      const double value = t.norm();
+      consider(u, value);
+      if (!(value > 0)) break;
+      const Eigen::MatrixXd w = t / value;
+      // D^3 <w, f>[U, U, .] = d^2/ds^2 J(X0 + s U)^T w, a second central difference.
+      const Eigen::MatrixXd hu = (Vjp<double>(L, Evaluate<double>(L, Eigen::MatrixXd(x0 + eps * u)), w) -
+                                  2.0 * Vjp<double>(L, Evaluate<double>(L, x0), w) +
+                                  Vjp<double>(L, Evaluate<double>(L, Eigen::MatrixXd(x0 - eps * u)), w)) /
+                                 (eps * eps);
+      const double hn = hu.norm();
+      if (!(hn > 0)) break;
+      u = hu / hn;
+    }
+    consider(u, ThirdDirectionalFd(L, x0, u, eps).norm());
+  }
+  return best;
+}
+
 }  // namespace lipcert

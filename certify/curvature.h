@@ -158,4 +158,13 @@ TaylorJacobianBound TaylorJacobianUpperBound(const AttentionLayer& layer, const 
 double CurvatureLowerEstimate(const AttentionLayer& layer, const Eigen::MatrixXd& x0, int starts, int iterations,
                               unsigned seed, Eigen::MatrixXd* argmax = nullptr);
 
+// A floating lower estimate of sup_{||U||_F = 1} ||D^3 f(X0)[U, U, U]||_F by the symmetric power
+// method on the 4-tensor (w <- D^3 f[U, U, U] normalised, U <- D^3 <w, f>[U, U, .] normalised),
+// both by central differences (of SecondDirectional and of J^T w, step `step` ||X0||_F / sqrt(N D)
+// with step = 1e-3 by default); starts as CurvatureLowerEstimate's plus one from `start` when it
+// is non-empty (e.g. the curvature's maximiser). Not a bound.
+double ThirdDerivativeLowerEstimate(const AttentionLayer& layer, const Eigen::MatrixXd& x0, int starts,
+                                   int iterations, unsigned seed, const Eigen::MatrixXd& start = Eigen::MatrixXd(),
+                                   Eigen::MatrixXd* argmax = nullptr);
+
 }  // namespace lipcert

@@ -32,6 +32,7 @@ const char* StageIdToString(StageId id) {
     case StageId::kPostLnProbabilistic: return "post_ln_probabilistic";
     case StageId::kPostLnWitness: return "post_ln_witness";
     case StageId::kPostLnSearch: return "post_ln_search";
+    case StageId::kTaylor: return "taylor";
   }
   return "?";
 }

@@ -34,6 +34,7 @@ enum class StageId {
   kPostLnProbabilistic,
   kPostLnWitness,
   kPostLnSearch,
+  kTaylor,
 };
 const char* StageIdToString(StageId id);
 
@@ -107,6 +108,10 @@ double SearchSeconds(const CertifyRun& run);
 void RunSearch(CertifyRun& run, double seconds);
 void RunBranchAndBound(CertifyRun& run, double seconds);
 bool IsPreLnSublayer(const CertifyRun& run);
+// The Taylor model over a set (certify/taylor_stage.cc).
+bool TaylorApplies(const CertifyRun& run);
+double TaylorSeconds(const CertifyRun& run);
+void RunTaylor(CertifyRun& run, double seconds);
 void RunInvertibility(CertifyRun& run, double seconds);
 
 // The post-LN sublayer's stages (certify/post_layer_norm.cc): J_f(X0) certified directly

@@ -7,6 +7,9 @@
 #include "certify/jacobian_bounds.h"
 #include "certify/centred_engine.h"
 #include "certify/closed_form.h"
+#include "certify/centre_norm.h"
+#include "certify/curvature.h"
+#include "certify/taylor.h"
 #include "certify/search.h"
 #include "tests/certify/engine_cases.h"
 
@@ -66,7 +69,7 @@ TEST(JacobianBoundsLongTest, EnginesDominateSearchedWitnesses) {
   std::mt19937_64 rng(20261207);
   const int cases = int(300 * TestScale());
   double tightest = kInf;
-  int checked = 0;
+  int checked = 0, taylor_cases = 0;
   for (int t = 0; t < cases; ++t) {
     const AttentionLayer L = RandomLayer(rng);
     InputSet set = RandomSet(rng, std::uniform_int_distribution<int>(2, 4)(rng), L.d_model);
@@ -93,9 +96,19 @@ TEST(JacobianBoundsLongTest, EnginesDominateSearchedWitnesses) {
     const double centre_norm = CentreNormBound(L, CoverOf(set), o, 1L << 30).upper.value();
     ASSERT_GE(centre_norm, witness) << "centre_norm engine, case " << t;
     tightest = std::min(tightest, centre_norm / witness);
+    if (norm == NormKind::kL2 && L.kind == AttentionKind::kDot && !L.layer_norm) {
+      // The Taylor stage's bound (certify/taylor.h): centre + curvature x radius + remainder.
+      const double taylor = TaylorVariationBound(L, CentreJacobianNormUpperBound(L, set.center), CoverOf(set),
+                                                 CentreCurvatureUpperBound(L, set.center))
+                                .upper.value();
+      ASSERT_GE(taylor, witness) << "taylor, case " << t;
+      tightest = std::min(tightest, taylor / witness);
+      ++taylor_cases;
+    }
     ++checked;
   }
   EXPECT_EQ(checked, cases);
+  EXPECT_GT(taylor_cases, cases / 10);
   EXPECT_GT(checked, 0);
   std::printf("searched witnesses: tightest upper / witness %.4g\n", tightest);
 }
