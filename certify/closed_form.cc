@@ -42,7 +42,9 @@ Eigen::MatrixXd Augment(const Eigen::MatrixXd& w, const Eigen::VectorXd& b, int 
   return a;
 }
 
-UpperBound Castin(const AttentionLayer& L, const TokenCover& z) {
+}  // namespace
+
+UpperBound CastinMhaUpperBound(const AttentionLayer& L, const TokenCover& z) {
   const int n = int(z.center.rows());
   const bool bias = L.has_bias();
   double r = MaxTokenNormUp(z);
@@ -66,6 +68,8 @@ UpperBound Castin(const AttentionLayer& L, const TokenCover& z) {
   }
   return UpperBound(total);
 }
+
+namespace {
 
 UpperBound Kim(const AttentionLayer& L, int n) {
   const double w0 = LambertW0Upper(DivUp(double(n - 1), ExpLower(1.0)));
@@ -119,7 +123,7 @@ std::vector<ClosedFormBound> ClosedFormBounds(const AttentionLayer& L, const Inp
   auto wrap = [&](UpperBound mha) {
     return L.layer_norm ? UpperBound(AddUp(1.0, MulUp(ell, mha.value()))) : mha;
   };
-  if (L.kind == AttentionKind::kDot) out.push_back({"closed_form/castin", wrap(Castin(L, z))});
+  if (L.kind == AttentionKind::kDot) out.push_back({"closed_form/castin", wrap(CastinMhaUpperBound(L, z))});
   if (L.kind == AttentionKind::kL2) out.push_back({"closed_form/kim", wrap(Kim(L, set.tokens()))});
   return out;
 }

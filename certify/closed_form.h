@@ -24,6 +24,7 @@
 #include <string>
 
 #include "certify/input_set.h"
+#include "certify/token_cover.h"
 #include "interval/rounding.h"
 #include "models/attention_layer.h"
 
@@ -33,6 +34,10 @@ struct ClosedFormBound {
   std::string name;   // "closed_form/castin", "closed_form/kim", "closed_form/kim_inf"
   UpperBound upper{kInf};
 };
+
+// Castin et al.'s bound on sup ||J_MHA||_2 over the cover z of MHA's input (dot-product
+// attention without a mask; the LayerNorm, if any, is not in it).
+UpperBound CastinMhaUpperBound(const AttentionLayer& layer, const TokenCover& z);
 
 // The closed-form bounds that apply to this layer, set and norm (possibly none).
 std::vector<ClosedFormBound> ClosedFormBounds(const AttentionLayer& layer, const InputSet& set,

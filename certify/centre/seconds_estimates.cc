@@ -37,9 +37,10 @@ double FactoredHeadsSecondsEstimate(const AttentionLayer& L, int tokens) {
   // rows' pass (measured: 18.2 s in all at BERT-base size on the 2-core EPYC). Counted in,
   // the variation's reserve grew by 6 s at BERT-base size and its refinement lost more
   // (0.1%, 120 s: 85.12 against 68.21) than the cross terms gain.
-  // The pre-LN sublayer certifies two centre norms through the heads' factors (the sublayer
-  // and J_M(z0)), hence twice the time.
-  const double passes = L.layer_norm ? 2 : 1;
+  // The pre-LN sublayer certifies two centre norms through the heads' factors: the
+  // sublayer's, whose factors carry each token's LayerNorm Jacobian (measured 18.5 s at
+  // BERT-base size, twice MHA alone's pass), and J_M(z0)'s; three passes in all.
+  const double passes = L.layer_norm ? 3 : 1;
   return passes * (kFactoredSecondsPerFlop * n * (4 * h * n * d * d) * GemmSlowdown() +
                    kFusedAssemblySeconds * h * n * n * d * IntervalSlowdown());
 }
