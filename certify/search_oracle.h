@@ -3,6 +3,16 @@
 // kernels/evaluator.h (CPU back end, float64, one point at a time, one thread: the search
 // parallelises over points with one Oracle per worker); the dense path for tiny sizes and
 // the final reference value use models/forward.h.
+//
+// The kernels know MHA alone and the pre-LN sublayer X + MHA(LN(X)). For the post-LN
+// sublayer f(X) = LN(Y), Y = X + MHA(X), the oracle composes the kernels' MHA products with
+// the LayerNorm's row by row (docs/search.md, "The post-LN sublayer"):
+//   J_f v     = J_LN(Y) (v + J_MHA v)
+//   J_f^T u   = w + J_MHA^T w,                    w = J_LN(Y)^T u
+//   grad_X <u, J_f(X) v> = PG_MHA(X; w, v) + g + J_MHA^T g,
+//                           g = grad_Y <u, J_LN(Y) (v + J_MHA v)> (the (v + J_MHA v) held fixed)
+// so that every stage of the search (Lanczos, Hager's rows, the exact rows, the ascent)
+// follows the sublayer's own Jacobian, LayerNorm included.
 #pragma once
 
 #include <Eigen/Dense>
@@ -19,8 +29,10 @@ namespace lipcert::search_parts {
 
 class Oracle {
  public:
-  // Engine stopping rule: relative Ritz residual rel_tol, at most max_iters J^T J products.
+  // Engine stopping rule: relative Ritz residual rel_tol, at most max_iters J^T J products
+  // (the post-LN sublayer's Lanczos runs here under the same rule).
   Oracle(const AttentionLayer& layer, int tokens, double rel_tol, int max_iters);
+  ~Oracle();
   Eigen::MatrixXd Jv(const Eigen::MatrixXd& x, const Eigen::MatrixXd& v) const;
   Eigen::MatrixXd JTu(const Eigen::MatrixXd& x, const Eigen::MatrixXd& u) const;
   // grad_X <u, J(X) v> with u, v fixed.
@@ -38,9 +50,28 @@ class Oracle {
   Eigen::MatrixXd ReferenceJv(const Eigen::MatrixXd& x, const Eigen::MatrixXd& v) const;
 
  private:
+  // The post-LN LayerNorm's row statistics at Y = X + MHA(X) for the last x seen (one
+  // Oracle serves one worker at a time, so the cache needs no lock).
+  struct PostLnRows {
+    Eigen::MatrixXd x;     // the point they belong to
+    Eigen::MatrixXd yhat;  // (Y - mean) / sigma, row by row
+    Eigen::VectorXd sigma; // sqrt(var + eps), row by row
+  };
+  const PostLnRows& RowsAt(const Eigen::MatrixXd& x) const;
+  Eigen::MatrixXd LnJv(const PostLnRows& r, const Eigen::MatrixXd& w) const;   // J_LN(Y) w
+  Eigen::MatrixXd LnJTu(const PostLnRows& r, const Eigen::MatrixXd& u) const;  // J_LN(Y)^T u
+  // grad_Y <u, J_LN(Y) w> with w held fixed.
+  Eigen::MatrixXd LnPairGradient(const PostLnRows& r, const Eigen::MatrixXd& u, const Eigen::MatrixXd& w) const;
+  Eigen::MatrixXd MhaJv(const Eigen::MatrixXd& x, const Eigen::MatrixXd& v) const;
+  Eigen::MatrixXd MhaJTu(const Eigen::MatrixXd& x, const Eigen::MatrixXd& u) const;
+
   const AttentionLayer& layer_;
   int n_, d_;
-  std::unique_ptr<JacobianEvaluator> engine_;
+  double rel_tol_;
+  int max_iters_;
+  bool post_ln_;
+  std::unique_ptr<JacobianEvaluator> engine_;  // MHA alone (or the pre-LN sublayer)
+  mutable PostLnRows rows_;
 };
 
 // Engine stopping rules (relative Ritz residual, J^T J products): screening and ascent,
