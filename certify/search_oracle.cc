@@ -175,9 +175,18 @@ void Oracle::TopSingular(const MatrixXd& x, const MatrixXd* v0, double* sigma, M
     *v = Eigen::Map<const RowMajorXd>(t.v.data(), n_, d_);
     return;
   }
-  // Lanczos on J_f^T J_f with MHA's state at x evaluated once (PointProducts) and the
-  // LayerNorm's rows from the cache; the engine's own start vector when none is given.
-  const PostLnRows& r = RowsAt(x);
+  LanczosTop(x, {}, v0, sigma, u, v);
+}
+
+void Oracle::NextSingular(const MatrixXd& x, const std::vector<MatrixXd>& found, double* sigma, MatrixXd* u,
+                          MatrixXd* v) const {
+  if (found.empty()) return TopSingular(x, nullptr, sigma, u, v);
+  LanczosTop(x, found, nullptr, sigma, u, v);
+}
+
+void Oracle::LanczosTop(const MatrixXd& x, const std::vector<MatrixXd>& found, const MatrixXd* v0, double* sigma,
+                        MatrixXd* u, MatrixXd* v) const {
+  const PostLnRows* r = post_ln_ ? &RowsAt(x) : nullptr;
   const std::unique_ptr<PointProducts> mha = engine_->ProductsAt(RowMajorXd(x).data());
   RowMajorXd buf(n_, d_), res(n_, d_);
   const auto mha_jv = [&](const MatrixXd& t) {
@@ -190,25 +199,36 @@ void Oracle::TopSingular(const MatrixXd& x, const MatrixXd* v0, double* sigma, M
     mha->Vjp(buf.data(), res.data());
     return MatrixXd(res);
   };
-  const auto jv = [&](const MatrixXd& t) { return LnJv(r, t + mha_jv(t)); };
+  const auto jv = [&](const MatrixXd& t) { return r ? LnJv(*r, t + mha_jv(t)) : mha_jv(t); };
+  const auto jtu = [&](const MatrixXd& t) {
+    if (!r) return mha_jtu(t);
+    const MatrixXd w = LnJTu(*r, t);
+    return MatrixXd(w + mha_jtu(w));
+  };
+  // P t = t - sum_k <f_k, t> f_k, twice (the f_k orthonormal up to the Lanczos tolerance).
+  const auto project = [&](MatrixXd t) {
+    for (int pass = 0; pass < 2; ++pass)
+      for (const MatrixXd& f : found) t -= f.cwiseProduct(t).sum() * f;
+    return t;
+  };
   kernels_internal::DriverOptions dopts;
   dopts.rel_tol = rel_tol_;
   dopts.max_iters = max_iters_;
   NormalOps ops;
   ops.slots.assign(dopts.slots(), MatrixXd::Zero(n_, d_));
-  ops.normal = [&](const MatrixXd& t) {
-    const MatrixXd w = LnJTu(r, jv(t));
-    return MatrixXd(w + mha_jtu(w));
-  };
+  ops.normal = [&](const MatrixXd& t) { return found.empty() ? jtu(jv(t)) : project(jtu(jv(project(t)))); };
   if (v0 && v0->rows() == n_ && v0->cols() == d_ && v0->allFinite() && v0->norm() > 0) {
     ops.slots[0] = *v0;
   } else {
     RowMajorXd start(n_, d_);
-    DefaultStartVector(0, n_ * d_, start.data());
+    DefaultStartVector(int(found.size()), n_ * d_, start.data());
     ops.slots[0] = start;
   }
+  if (!found.empty()) ops.slots[0] = project(ops.slots[0]);
   kernels_internal::RunTopSingular(ops, dopts);
-  *v = ops.slots[dopts.result_slot()];
+  *v = found.empty() ? ops.slots[dopts.result_slot()] : project(ops.slots[dopts.result_slot()]);
+  const double vn = v->norm();
+  if (vn > 0) *v /= vn;
   const MatrixXd jvv = jv(*v);
   *sigma = jvv.norm();
   *u = *sigma > 0 ? MatrixXd(jvv / *sigma) : MatrixXd(MatrixXd::Zero(n_, d_));

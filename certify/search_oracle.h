@@ -40,6 +40,12 @@ class Oracle {
   // Top singular triple (sigma = ||J v||, J v = sigma u), optionally warm-started.
   void TopSingular(const Eigen::MatrixXd& x, const Eigen::MatrixXd* v0, double* sigma, Eigen::MatrixXd* u,
                    Eigen::MatrixXd* v) const;
+  // The top singular triple of J(x) restricted to the orthogonal complement of `found`
+  // (orthonormal right singular vectors already taken): Lanczos on P J^T J P, P the
+  // projector off span(found), under the oracle's stopping rule. With `found` empty, the
+  // top triple (as TopSingular, from the engine's start vector).
+  void NextSingular(const Eigen::MatrixXd& x, const std::vector<Eigen::MatrixXd>& found, double* sigma,
+                    Eigen::MatrixXd* u, Eigen::MatrixXd* v) const;
   // out(k) = ||row_{first+k}(J(x))||_1 for k < count: J^T e_r for the count rows, one
   // batched engine call (each point of a batch is computed on its own, so a row's sum
   // does not depend on the batch it is in).
@@ -64,6 +70,10 @@ class Oracle {
   Eigen::MatrixXd LnPairGradient(const PostLnRows& r, const Eigen::MatrixXd& u, const Eigen::MatrixXd& w) const;
   Eigen::MatrixXd MhaJv(const Eigen::MatrixXd& x, const Eigen::MatrixXd& v) const;
   Eigen::MatrixXd MhaJTu(const Eigen::MatrixXd& x, const Eigen::MatrixXd& u) const;
+  // Lanczos on P J^T J P through the engine's products at x (MHA's state evaluated once,
+  // the post-LN LayerNorm composed when there is one), from v0 or the engine's start.
+  void LanczosTop(const Eigen::MatrixXd& x, const std::vector<Eigen::MatrixXd>& found, const Eigen::MatrixXd* v0,
+                  double* sigma, Eigen::MatrixXd* u, Eigen::MatrixXd* v) const;
 
   const AttentionLayer& layer_;
   int n_, d_;
