@@ -463,6 +463,17 @@ TEST(SearchOracle, ProductsAndPairGradientFollowTheSublayer) {
     const double truth = TrueNorm(L, x, NormKind::kL2);
     EXPECT_NEAR(sigma, truth, 1e-7 * truth);
     EXPECT_NEAR((Jvp<double>(L, s, tv) - sigma * tu).norm(), 0, 1e-6 * truth);
+    // The next singular triples by deflation: the dense second and third singular values.
+    const Eigen::VectorXd sv = Eigen::JacobiSVD<Eigen::MatrixXd>(DenseJacobian<double>(L, x)).singularValues();
+    std::vector<Eigen::MatrixXd> found = {tv};
+    for (int k = 1; k < 3; ++k) {
+      double sk = 0;
+      Eigen::MatrixXd uk, vk;
+      o.NextSingular(x, found, &sk, &uk, &vk);
+      EXPECT_NEAR(sk, sv(k), 1e-6 * truth) << "singular value " << k + 1;
+      for (const Eigen::MatrixXd& f : found) EXPECT_NEAR(f.cwiseProduct(vk).sum(), 0, 1e-9);
+      found.push_back(vk);
+    }
     // Row sums from the batched rows: the dense Jacobian's.
     const Eigen::MatrixXd jac = DenseJacobian<double>(L, x);
     std::vector<double> sums(n * d);
