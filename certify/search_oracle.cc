@@ -234,14 +234,14 @@ void Oracle::LanczosTop(const MatrixXd& x, const std::vector<MatrixXd>& found, c
   *u = *sigma > 0 ? MatrixXd(jvv / *sigma) : MatrixXd(MatrixXd::Zero(n_, d_));
 }
 
-void Oracle::RowAbsSums(const MatrixXd& x, int first, int count, double* out) const {
+void Oracle::RowAbsSums(const MatrixXd& x, const int* rows, int count, double* out) const {
   const int nd = n_ * d_;
   const RowMajorXd xr(x);
-  std::vector<double> xs(size_t(count) * nd), us(size_t(count) * nd, 0.0), rows(size_t(count) * nd);
+  std::vector<double> xs(size_t(count) * nd), us(size_t(count) * nd, 0.0), res(size_t(count) * nd);
   const PostLnRows* ln = post_ln_ ? &RowsAt(x) : nullptr;
   for (int k = 0; k < count; ++k) {
     std::copy(xr.data(), xr.data() + nd, xs.begin() + size_t(k) * nd);
-    const int r = first + k;  // e_r in the row-major flattening i*D + a
+    const int r = rows[k];  // e_r in the row-major flattening i*D + a
     if (!ln) {
       us[size_t(k) * nd + r] = 1;
       continue;
@@ -252,12 +252,23 @@ void Oracle::RowAbsSums(const MatrixXd& x, int first, int count, double* out) co
     const RowMajorXd w = LnJTu(*ln, e);
     std::copy(w.data(), w.data() + nd, us.begin() + size_t(k) * nd);
   }
-  engine_->Vjp(xs.data(), us.data(), count, rows.data());
+  engine_->Vjp(xs.data(), us.data(), count, res.data());
   for (int k = 0; k < count; ++k) {
     double s = 0;
-    for (int c = 0; c < nd; ++c) s += std::abs(rows[size_t(k) * nd + c] + (ln ? us[size_t(k) * nd + c] : 0.0));
+    for (int c = 0; c < nd; ++c) s += std::abs(res[size_t(k) * nd + c] + (ln ? us[size_t(k) * nd + c] : 0.0));
     out[k] = s;
   }
+}
+
+std::vector<int> Oracle::RowOrder(const MatrixXd& x) const {
+  if (!post_ln_) return {};
+  const PostLnRows& r = RowsAt(x);
+  const Eigen::VectorXd& gamma = layer_.post_layer_norm->gamma;
+  std::vector<int> order(size_t(n_) * d_);
+  std::iota(order.begin(), order.end(), 0);
+  const auto weight = [&](int row) { return std::abs(gamma(row % d_)) / r.sigma(row / d_); };
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return weight(a) > weight(b); });
+  return order;
 }
 
 MatrixXd Oracle::Dense(const MatrixXd& x) const { return DenseJacobian<double>(layer_, x); }
@@ -348,6 +359,13 @@ Pair ExactInfTop(const std::vector<std::unique_ptr<Oracle>>& oracles, const Matr
   // deadline has seen rows of every part of the sequence.
   int stride = std::max(1, int(std::sqrt(double(blocks))));
   while (std::gcd(stride, blocks) != 1) ++stride;
+  // The post-LN sublayer's rows in their oracle's order (likely largest first) instead.
+  std::vector<int> order = oracles.front()->RowOrder(x);
+  const bool ordered = !order.empty();
+  if (!ordered) {
+    order.resize(nd);
+    std::iota(order.begin(), order.end(), 0);
+  }
   std::vector<double> sums(nd, -1.0);  // -1: not computed
   std::atomic<bool> cut{false};
   ParallelFor(blocks, int(oracles.size()), [&](int k, int worker) {
@@ -355,8 +373,11 @@ Pair ExactInfTop(const std::vector<std::unique_ptr<Oracle>>& oracles, const Matr
       cut = true;
       return;
     }
-    const int first = int((long(k) * stride) % blocks) * kBlock;
-    oracles[worker]->RowAbsSums(x, first, std::min(kBlock, nd - first), sums.data() + first);
+    const int first = ordered ? k * kBlock : int((long(k) * stride) % blocks) * kBlock;
+    const int count = std::min(kBlock, nd - first);
+    std::vector<double> block(count);
+    oracles[worker]->RowAbsSums(x, order.data() + first, count, block.data());
+    for (int j = 0; j < count; ++j) sums[order[first + j]] = block[j];
   });
   if (complete) *complete = !cut;
   const int r = int(std::max_element(sums.begin(), sums.end()) - sums.begin());

@@ -46,10 +46,15 @@ class Oracle {
   // top triple (as TopSingular, from the engine's start vector).
   void NextSingular(const Eigen::MatrixXd& x, const std::vector<Eigen::MatrixXd>& found, double* sigma,
                     Eigen::MatrixXd* u, Eigen::MatrixXd* v) const;
-  // out(k) = ||row_{first+k}(J(x))||_1 for k < count: J^T e_r for the count rows, one
+  // out(k) = ||row_{rows[k]}(J(x))||_1 for k < count: J^T e_r for the count rows, one
   // batched engine call (each point of a batch is computed on its own, so a row's sum
   // does not depend on the batch it is in).
-  void RowAbsSums(const Eigen::MatrixXd& x, int first, int count, double* out) const;
+  void RowAbsSums(const Eigen::MatrixXd& x, const int* rows, int count, double* out) const;
+  // The order in which a scan cut short should visit the rows of J(x): for the post-LN
+  // sublayer by |gamma_a| / sigma_i descending (row r = i*D + a of J_f is w + J_MHA^T w with
+  // ||w|| proportional to |gamma_a| / sigma_i, so the largest rows come early); empty for
+  // the other layers (ExactInfTop's stride then).
+  std::vector<int> RowOrder(const Eigen::MatrixXd& x) const;
   // Dense (ND) x (ND) Jacobian, row-major flattening i*D + a (small sizes).
   Eigen::MatrixXd Dense(const Eigen::MatrixXd& x) const;
   // J v through models/forward.h (the reference, for the final value).

@@ -5,10 +5,12 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
+#include <numeric>
 #include <random>
 
 #include "certify/search_oracle.h"
@@ -477,7 +479,13 @@ TEST(SearchOracle, ProductsAndPairGradientFollowTheSublayer) {
     // Row sums from the batched rows: the dense Jacobian's.
     const Eigen::MatrixXd jac = DenseJacobian<double>(L, x);
     std::vector<double> sums(n * d);
-    o.RowAbsSums(x, 0, n * d, sums.data());
+    std::vector<int> rows(n * d);
+    std::iota(rows.begin(), rows.end(), 0);
+    o.RowAbsSums(x, rows.data(), n * d, sums.data());
+    // The post-LN scan order is a permutation of the rows, largest |gamma_a| / sigma_i first.
+    const std::vector<int> order = o.RowOrder(x);
+    EXPECT_EQ(order.size(), post ? size_t(n * d) : 0u);
+    if (post) EXPECT_TRUE(std::is_permutation(order.begin(), order.end(), rows.begin()));
     for (int r = 0; r < n * d; ++r) EXPECT_NEAR(sums[r], jac.row(r).cwiseAbs().sum(), 1e-12 * (1 + sums[r]));
     ++checked;
   }
