@@ -8,8 +8,12 @@ would do it, for a fixed wall-clock budget. Prints the best value found.
         --set tokens --radius 0.5 --norm 2 --time 600 --batch 32 --threads 2
 
 Layer: lipcert's native safetensors naming (scripts/train_zoo.py): q.*, k.* (dot only),
-v.*, o.*, ln.* and metadata kind / heads / causal / ln_eps; the sublayer X + MHA(LN(X))
-when ln.weight is present. Everything runs in float64.
+v.*, o.*, ln.* / post_ln.* and metadata kind / heads / causal / ln_eps / post_ln_eps; the
+pre-LN sublayer X + MHA(LN(X)) when ln.weight is present, the post-LN sublayer
+LN(X + MHA(X)) when post_ln.weight is. With --bert-layer a HuggingFace BERT checkpoint
+directory: MHA alone (lipcert's --preset bert --attention-only), or with --post-ln the
+sublayer the checkpoint defines, LN(X + MHA(X)) with the layer's attention.output.LayerNorm
+(lipcert's --preset bert). Everything runs in float64.
 
 --norm 2:   sigma_1 of J as an (ND) x (ND) operator on Frobenius norms; power iteration on
             J^T J (JVP by the double-backward trick, VJP by autograd) warm-started from the
@@ -31,9 +35,10 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import st  # noqa: E402
 
 
-def load_bert_attention(path, layer):
+def load_bert_attention(path, layer, post_ln=False):
     """MHA alone (lipcert's --preset bert --attention-only) of a HuggingFace BERT checkpoint
-    directory (config.json + model.safetensors): encoder layer `layer`'s self-attention."""
+    directory (config.json + model.safetensors): encoder layer `layer`'s self-attention; with
+    post_ln its output LayerNorm too, as post_ln.* (the sublayer LN(X + MHA(X)))."""
     import json
     cfg = json.load(open(os.path.join(path, "config.json")))
     raw, _ = st.load(os.path.join(path, "model.safetensors"))
@@ -47,22 +52,36 @@ def load_bert_attention(path, layer):
             if key not in raw:
                 sys.exit(f"search_vs_torch: {path}: tensor {key} not found")
             t[f"{short}.{part}"] = torch.from_numpy(raw[key].astype("float64"))
-    return t, "dot", int(cfg["num_attention_heads"]), False, float(cfg.get("layer_norm_eps", 1e-12))
+    eps = float(cfg.get("layer_norm_eps", 1e-12))
+    if post_ln:
+        for part in ("weight", "bias"):
+            key = base + "output.LayerNorm." + part
+            if key not in raw:
+                sys.exit(f"search_vs_torch: {path}: tensor {key} not found")
+            t[f"post_ln.{part}"] = torch.from_numpy(raw[key].astype("float64"))
+    return t, "dot", int(cfg["num_attention_heads"]), False, eps, eps
 
 
-def load_layer(path, bert_layer=None):
+def load_layer(path, bert_layer=None, post_ln=False):
     if bert_layer is not None:
-        return load_bert_attention(path, bert_layer)
+        return load_bert_attention(path, bert_layer, post_ln)
     t, meta = st.load(path)
     t = {k: torch.from_numpy(v.astype("float64")) for k, v in t.items()}
     kind = meta.get("kind", "dot")
     heads = int(meta["heads"])
     causal = meta.get("causal", "false") == "true"
     eps = float(meta.get("ln_eps", "1e-5"))
-    return t, kind, heads, causal, eps
+    post_eps = float(meta.get("post_ln_eps", "1e-5"))
+    return t, kind, heads, causal, eps, post_eps
 
 
-def make_forward(t, kind, heads, causal, eps):
+def layer_norm(x, w, b, eps):
+    mu = x.mean(-1, keepdim=True)
+    var = ((x - mu) ** 2).mean(-1, keepdim=True)
+    return (x - mu) / torch.sqrt(var + eps) * w + b
+
+
+def make_forward(t, kind, heads, causal, eps, post_eps):
     wq = t["q.weight"]
     wk = t["k.weight"] if kind == "dot" else wq
     wv, wo = t["v.weight"], t["o.weight"]
@@ -70,14 +89,15 @@ def make_forward(t, kind, heads, causal, eps):
     dk = wq.shape[0] // heads
     dv = wv.shape[0] // heads
     ln = "ln.weight" in t
+    post_ln = "post_ln.weight" in t
+    if ln and post_ln:
+        sys.exit("search_vs_torch: a layer has ln.* or post_ln.*, not both")
 
     def f(x):  # (B, N, D) -> (B, N, D)
         B, N, D = x.shape
         z = x
         if ln:
-            mu = x.mean(-1, keepdim=True)
-            var = ((x - mu) ** 2).mean(-1, keepdim=True)
-            z = (x - mu) / torch.sqrt(var + eps) * t["ln.weight"] + t["ln.bias"]
+            z = layer_norm(x, t["ln.weight"], t["ln.bias"], eps)
         q = (z @ wq.T).reshape(B, N, heads, dk).transpose(1, 2)  # (B, H, N, dk)
         if kind == "dot":
             if bq is not None:
@@ -106,6 +126,8 @@ def make_forward(t, kind, heads, causal, eps):
         out = (p @ v).transpose(1, 2).reshape(B, N, heads * dv) @ wo.T
         if bo is not None:
             out = out + bo
+        if post_ln:
+            return layer_norm(x + out, t["post_ln.weight"], t["post_ln.bias"], post_eps)
         return x + out if ln else out
 
     return f
@@ -162,6 +184,9 @@ def main():
     ap.add_argument("--layer", required=True, help="native safetensors file, or with --bert-layer a BERT checkpoint dir")
     ap.add_argument("--bert-layer", type=int, default=None,
                     help="encoder layer of a HuggingFace BERT checkpoint directory: its attention alone")
+    ap.add_argument("--post-ln", action="store_true",
+                    help="with --bert-layer: the post-LN sublayer LN(X + MHA(X)) with the layer's "
+                         "attention.output.LayerNorm (lipcert's --preset bert without --attention-only)")
     ap.add_argument("--centres", required=True)
     ap.add_argument("--centre", default="x0")
     ap.add_argument("--set", choices=["ball", "tokens", "box"], default="tokens")
@@ -177,14 +202,16 @@ def main():
     ap.add_argument("--seed", type=int, default=1)
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
-    t, kind, heads, causal, eps = load_layer(a.layer, a.bert_layer)
+    if a.post_ln and a.bert_layer is None:
+        sys.exit("search_vs_torch: --post-ln needs --bert-layer (a native file says post_ln.* itself)")
+    t, kind, heads, causal, eps, post_eps = load_layer(a.layer, a.bert_layer, a.post_ln)
     ct, _ = st.load(a.centres)
     if a.centre not in ct:
         sys.exit(f"search_vs_torch: {a.centres}: tensor {a.centre} not found")
     x0 = torch.from_numpy(ct[a.centre].astype("float64"))
     if a.relative_radius is not None:
         a.radius = a.relative_radius * x0.norm().item()
-    f = make_forward(t, kind, heads, causal, eps)
+    f = make_forward(t, kind, heads, causal, eps, post_eps)
     gen = torch.Generator().manual_seed(a.seed)
     B = a.batch
     x = sample(x0, a.set, a.radius, B, gen).requires_grad_(True)
@@ -228,7 +255,8 @@ def main():
             x.copy_(project(x, x0, a.set, a.radius))
         steps += 1
     el = time.perf_counter() - t0
-    print(f"layer={os.path.basename(a.layer)} centre={a.centre} set={a.set} radius={a.radius} "
+    what = "sublayer" if ("ln.weight" in t or "post_ln.weight" in t) else "mha"
+    print(f"layer={os.path.basename(a.layer)} bert_layer={a.bert_layer} {what} centre={a.centre} set={a.set} radius={a.radius} "
           f"norm={a.norm} batch={B} steps={steps} elapsed={el:.1f}s best={best:.6f} "
           f"(reached at {best_at:.1f}s)")
 

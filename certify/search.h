@@ -8,7 +8,9 @@
 //   NormKind::kLinf the l_inf -> l_inf operator norm = max_r ||row_r(J)||_1; v = sign(row_r)
 //                   (||v||_inf = 1) and the value is ||J v||_inf >= <e_r, J v> = ||row_r||_1.
 //
-// Strategy (SearchLowerBound, top to bottom): the centre X0; samples uniform in the set
+// Strategy (SearchLowerBound, top to bottom): the centre X0; for kL2 the first-order
+// ascent steps from it along the gradients of its top few singular values (where they
+// cluster, as on trained layers, the second or third may climb fastest); samples uniform in the set
 // and on its boundary; structured starts the theory calls dangerous (a query splitting its
 // attention between far-apart tokens, a few tokens carrying unbalanced mass along the top
 // singular directions of the per-head query-key matrices, duplicated-then-perturbed
@@ -46,6 +48,8 @@ struct SearchOptions {
                                  // half of time_limit_s; see docs/search.md for the cost)
   double stop_at = kInf;     // stop (after screening or a round) once a floating value
                              // reaches it: e.g. the certified upper bound / (1 + tolerance)
+  int centre_pairs = 4;      // kL2: the centre's top singular pairs (deflated Lanczos) whose
+                             // first-order ascent steps start round 0 (docs/search.md); 0: none
   int centre_inf_row = -1;   // kLinf: a row of J(X0) known to be its largest (e.g. from the
                              // centre_norm engine's enclosure): taken instead of the N*D rows
   bool rigorous = true;      // re-evaluate the final witness in interval arithmetic

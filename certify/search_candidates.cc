@@ -127,6 +127,21 @@ MatrixXd OnBoundary(const InputSet& set, std::mt19937_64& rng) {
   return set.Project(set.center + g);
 }
 
+MatrixXd LinearStep(const InputSet& set, const MatrixXd& g, double t) {
+  MatrixXd d = MatrixXd::Zero(g.rows(), g.cols());
+  switch (set.kind) {
+    case SetKind::kBall:
+      if (g.norm() > 0) d = (t * set.radius / g.norm()) * g;
+      break;
+    case SetKind::kTokens:
+      for (Eigen::Index i = 0; i < g.rows(); ++i)
+        if (g.row(i).norm() > 0) d.row(i) = (t * set.radius / g.row(i).norm()) * g.row(i);
+      break;
+    case SetKind::kBox: d = (t * set.radius) * SignOf(g); break;
+  }
+  return set.Project(set.center + d);
+}
+
 // A typical length of a move inside the set (Frobenius).
 double SetScale(const InputSet& set) {
   const double s = set.FrobeniusRadius();

@@ -30,6 +30,11 @@ Eigen::MatrixXd Gaussian(int rows, int cols, std::mt19937_64& rng);
 Eigen::MatrixXd UniformIn(const InputSet& set, std::mt19937_64& rng);
 Eigen::MatrixXd OnBoundary(const InputSet& set, std::mt19937_64& rng);
 
+// The point of the set that maximises <g, X - X0> (the first-order ascent from the centre
+// along g), scaled by t in (0, 1] towards the centre: X0 + t R g / ||g||_F (ball),
+// row by row with each token's radius (tokens), X0 + t r sign(g) (box).
+Eigen::MatrixXd LinearStep(const InputSet& set, const Eigen::MatrixXd& g, double t);
+
 // A typical length of a move inside the set (Frobenius).
 double SetScale(const InputSet& set);
 

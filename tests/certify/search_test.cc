@@ -5,12 +5,15 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
+#include <numeric>
 #include <random>
 
+#include "certify/search_oracle.h"
 #include "certify/witness_eval.h"
 #include "models/centre.h"
 #include "models/forward.h"
@@ -32,6 +35,16 @@ double TrueNorm(const AttentionLayer& L, const Eigen::MatrixXd& x, NormKind norm
 AttentionLayer RandomLayer(AttentionKind kind, bool causal, bool bias, bool ln, int d, int heads, int dk,
                            std::mt19937_64& rng, double wscale = 1.0) {
   return testing::RandomLayer(RandomLayerSpec{kind, causal, bias, ln, d, heads, dk, wscale}, rng);
+}
+
+// The post-LN sublayer LN(X + MHA(X)) of a random layer (its LayerNorm moved behind).
+AttentionLayer RandomPostLnLayer(AttentionKind kind, bool causal, bool bias, int d, int heads, int dk,
+                                 std::mt19937_64& rng, double wscale = 1.0) {
+  AttentionLayer L = RandomLayer(kind, causal, bias, true, d, heads, dk, rng, wscale);
+  L.post_layer_norm = L.layer_norm;
+  L.layer_norm.reset();
+  EXPECT_EQ(ValidateLayer(L), "");
+  return L;
 }
 
 // D = H = dk = 1 with unit value/output weights and query/key weight sqrt(a) (A = a).
@@ -105,6 +118,7 @@ struct Case {
   bool causal, bias, ln;
   SetKind set;
   NormKind norm;
+  bool post_ln = false;  // the LayerNorm behind: LN(X + MHA(X))
 };
 
 class SearchInvariants : public ::testing::TestWithParam<Case> {};
@@ -114,7 +128,8 @@ TEST_P(SearchInvariants, WitnessIsSoundAndBeatsCentre) {
   std::mt19937_64 rng(2024);
   for (int rep = 0; rep < testing::Count(1); ++rep) {
     const int n = 6 + rep % 2, d = 3;  // N*D > 16: the engine's iterative path
-    const AttentionLayer L = RandomLayer(c.kind, c.causal, c.bias, c.ln, d, 2, 2, rng, 1.5);
+    const AttentionLayer L = c.post_ln ? RandomPostLnLayer(c.kind, c.causal, c.bias, d, 2, 2, rng, 1.5)
+                                       : RandomLayer(c.kind, c.causal, c.bias, c.ln, d, 2, 2, rng, 1.5);
     Eigen::MatrixXd centre = Eigen::MatrixXd::Random(n, d);
     const double r = c.set == SetKind::kBox ? 0.5 : 1.0;
     const InputSet set = MakeSet(c.set, centre, r);
@@ -136,6 +151,9 @@ const Case kCases[] = {
     {"dot_causal_bias_tokens_2", AttentionKind::kDot, true, true, false, SetKind::kTokens, NormKind::kL2},
     {"dot_ln_ball_2", AttentionKind::kDot, false, true, true, SetKind::kBall, NormKind::kL2},
     {"l2_ln_box_inf", AttentionKind::kL2, false, false, true, SetKind::kBox, NormKind::kLinf},
+    {"dot_post_ln_ball_2", AttentionKind::kDot, false, true, false, SetKind::kBall, NormKind::kL2, true},
+    {"dot_causal_post_ln_tokens_inf", AttentionKind::kDot, true, true, false, SetKind::kTokens, NormKind::kLinf, true},
+    {"l2_post_ln_box_2", AttentionKind::kL2, false, true, false, SetKind::kBox, NormKind::kL2, true},
 };
 INSTANTIATE_TEST_SUITE_P(Kinds, SearchInvariants, ::testing::ValuesIn(kCases),
                          [](const ::testing::TestParamInfo<Case>& i) { return std::string(i.param.name); });
@@ -407,6 +425,127 @@ TEST(Search, StopsOnceTheTargetIsReached) {
   EXPECT_GT(early.best.lower_bound.value(), 0);
   o.stop_at = 0;
   EXPECT_NE(ValidateSearchOptions(o).find("stop_at"), std::string::npos);
+}
+
+// The oracle's products on the post-LN sublayer (the kernels' MHA composed with the
+// LayerNorm) and on the pre-LN one (the kernels alone) agree with models/forward.h: J v,
+// J^T u, and grad_X <u, J(X) v> against central differences of <u, J(X + t delta) v>.
+TEST(SearchOracle, ProductsAndPairGradientFollowTheSublayer) {
+  std::mt19937_64 rng(41);
+  int checked = 0;
+  for (int c = 0; c < 4 * testing::Count(1); ++c) {
+    const bool post = c % 2 == 0;
+    const AttentionKind kind = (c / 2) % 2 ? AttentionKind::kL2 : AttentionKind::kDot;
+    const int n = 5, d = 6;
+    const AttentionLayer L = post ? RandomPostLnLayer(kind, c % 3 == 1, true, d, 2, 3, rng, 1.5)
+                                  : RandomLayer(kind, c % 3 == 1, true, true, d, 2, 3, rng, 1.5);
+    const search_parts::Oracle o(L, n, 1e-13, 3000);
+    const Eigen::MatrixXd x = 1.5 * Eigen::MatrixXd::Random(n, d);
+    const Eigen::MatrixXd u = Eigen::MatrixXd::Random(n, d), v = Eigen::MatrixXd::Random(n, d);
+    const Eigen::MatrixXd delta = Eigen::MatrixXd::Random(n, d);
+    const LayerState<double> s = Evaluate<double>(L, x);
+    const Eigen::MatrixXd jv = Jvp<double>(L, s, v), jtu = Vjp<double>(L, s, u);
+    SCOPED_TRACE(std::string(post ? "post-LN " : "pre-LN ") + (kind == AttentionKind::kDot ? "dot" : "l2"));
+    EXPECT_LE((o.Jv(x, v) - jv).norm(), 1e-12 * (1 + jv.norm()));
+    EXPECT_LE((o.JTu(x, u) - jtu).norm(), 1e-12 * (1 + jtu.norm()));
+    const auto pair = [&](double t) {
+      const Eigen::MatrixXd xt = x + t * delta;
+      return (u.array() * Jvp<double>(L, Evaluate<double>(L, xt), v).array()).sum();
+    };
+    const double h = 1e-5;
+    const double fd = (pair(h) - pair(-h)) / (2 * h);
+    const Eigen::MatrixXd g = o.PairGradient(x, u, v);
+    const double analytic = (g.array() * delta.array()).sum();
+    EXPECT_NEAR(analytic, fd, 1e-6 * (1 + std::abs(fd)));
+    EXPECT_GT(std::abs(fd), 1e-3);  // a real derivative, not two zeros
+    // The top singular value (Lanczos on the composed products) is the dense one.
+    double sigma = 0;
+    Eigen::MatrixXd tu, tv;
+    o.TopSingular(x, nullptr, &sigma, &tu, &tv);
+    const double truth = TrueNorm(L, x, NormKind::kL2);
+    EXPECT_NEAR(sigma, truth, 1e-7 * truth);
+    EXPECT_NEAR((Jvp<double>(L, s, tv) - sigma * tu).norm(), 0, 1e-6 * truth);
+    // The next singular triples by deflation: the dense second and third singular values.
+    const Eigen::VectorXd sv = Eigen::JacobiSVD<Eigen::MatrixXd>(DenseJacobian<double>(L, x)).singularValues();
+    std::vector<Eigen::MatrixXd> found = {tv};
+    for (int k = 1; k < 3; ++k) {
+      double sk = 0;
+      Eigen::MatrixXd uk, vk;
+      o.NextSingular(x, found, &sk, &uk, &vk);
+      EXPECT_NEAR(sk, sv(k), 1e-6 * truth) << "singular value " << k + 1;
+      for (const Eigen::MatrixXd& f : found) EXPECT_NEAR(f.cwiseProduct(vk).sum(), 0, 1e-9);
+      found.push_back(vk);
+    }
+    // Row sums from the batched rows: the dense Jacobian's.
+    const Eigen::MatrixXd jac = DenseJacobian<double>(L, x);
+    std::vector<double> sums(n * d);
+    std::vector<int> rows(n * d);
+    std::iota(rows.begin(), rows.end(), 0);
+    o.RowAbsSums(x, rows.data(), n * d, sums.data());
+    // The post-LN scan order is a permutation of the rows, largest |gamma_a| / sigma_i first.
+    const std::vector<int> order = o.RowOrder(x);
+    EXPECT_EQ(order.size(), post ? size_t(n * d) : 0u);
+    if (post) EXPECT_TRUE(std::is_permutation(order.begin(), order.end(), rows.begin()));
+    for (int r = 0; r < n * d; ++r) EXPECT_NEAR(sums[r], jac.row(r).cwiseAbs().sum(), 1e-12 * (1 + sums[r]));
+    ++checked;
+  }
+  EXPECT_EQ(checked, 4 * testing::Count(1));
+}
+
+// The post-LN sublayer past the dense limits (N*D = 320, screening 16, polish 256): the
+// witness is never below the centre's own norm, in the l_inf norm its exact largest row
+// (all N*D rows of J_f), in norm 2 its sigma_1; with the centre's row given, that row.
+TEST(Search, PostLnWitnessIsAtLeastTheCentresNorm) {
+  std::mt19937_64 rng(43);
+  int checked = 0;
+  for (NormKind norm : {NormKind::kLinf, NormKind::kL2}) {
+    for (double radius : {0.0, 0.05}) {
+      const AttentionLayer L = RandomPostLnLayer(AttentionKind::kDot, false, true, 16, 4, 4, rng, 2.0);
+      const InputSet set = MakeSet(SetKind::kBall, Eigen::MatrixXd::Random(20, 16), radius);
+      const double centre = TrueNorm(L, set.center, norm);
+      SearchOptions o = QuickOptions(norm, 600);
+      o.starts = 2;
+      o.max_steps = 2;
+      o.structured = false;
+      const SearchResult r = SearchLowerBound(L, set, o);
+      SCOPED_TRACE(std::string(NormKindToString(norm)) + " radius " + std::to_string(radius) + " best " +
+                   std::to_string(r.best.value) + " from " + r.best.origin);
+      EXPECT_GE(r.best.value, centre * (1 - 1e-9));
+      EXPECT_GE(r.best.lower_bound.value(), centre * (1 - 1e-9));
+      EXPECT_LE(r.best.lower_bound.value(), r.best.value);
+      EXPECT_LE(r.best.value, TrueNorm(L, r.best.x, norm) * (1 + 1e-9));
+      EXPECT_TRUE(CertainlyInSet(set, r.best.x));
+      if (norm == NormKind::kLinf) {
+        const TopDirection exact = ExactInfDirectionAt(L, set.center, 2);
+        EXPECT_NEAR(exact.value, centre, 1e-12 * centre);
+        int row = -1;
+        exact.u.transpose().reshaped().maxCoeff(&row);
+        o.exact_inf_centre = false;
+        o.centre_inf_row = row;
+        const SearchResult given = SearchLowerBound(L, set, o);
+        EXPECT_GE(given.best.lower_bound.value(), centre * (1 - 1e-9));
+      }
+      ++checked;
+    }
+  }
+  EXPECT_EQ(checked, 4);
+}
+
+// On the post-LN sublayer the ascent climbs J_f's own norm: from the centre of a ball its
+// witness beats the centre's sigma_1 by more than rounding.
+TEST(Search, PostLnAscentClimbsTheSublayersNorm) {
+  std::mt19937_64 rng(47);
+  const AttentionLayer L = RandomPostLnLayer(AttentionKind::kDot, false, true, 8, 2, 4, rng, 2.0);
+  const InputSet set = MakeSet(SetKind::kBall, Eigen::MatrixXd::Random(6, 8), 0.3);
+  const double centre = TrueNorm(L, set.center, NormKind::kL2);
+  SearchOptions o = QuickOptions(NormKind::kL2, 600);
+  o.structured = false;
+  o.max_rounds = 2;
+  const SearchResult r = SearchLowerBound(L, set, o);
+  CheckWitness(L, set, NormKind::kL2, r);
+  EXPECT_GT(r.ascent_steps, 0);
+  EXPECT_GT(r.best.lower_bound.value(), centre * 1.01) << "centre " << centre << " search " << r.best.value;
+  std::printf("[ post-LN ascent ] centre %.6f search %.6f (%s)\n", centre, r.best.value, r.best.origin.c_str());
 }
 
 }  // namespace
