@@ -117,12 +117,54 @@ TokenCover PostLnYCover(const AttentionLayer& L, const TokenCover& cover, const 
   return yc;
 }
 
+namespace {
+
+// The MHA term through the heads before Wo: max_i ||D_i(yc_i) Wo|| / w_i x V_H, where V_H
+// bounds the heads' variation with output token i's rows weighted by w_i (1 without
+// weights); +inf where V_H is not given or Wo is not D x D. *ln_wo: ||D_i(yc_i) Wo||.
+double ThroughHeadsUp(const AttentionLayer& L, const MhaInput& f, const PostLnVariationInputs& in, Eigen::VectorXd* ln_wo) {
+  const Eigen::Index n = Eigen::Index(f.ln_jac.size()), d = L.d_model;
+  if (!std::isfinite(in.heads_variation.value()) || L.wo.rows() != d || L.wo.cols() != d) return kInf;
+  *ln_wo = LayerNormWoNormsUp(L, f.ln_jac, in.norm);
+  // ||D_i(yc_i) Wo|| <= scale w_i for every i, so ||blockdiag(D_i Wo) A|| <= scale ||diag(w) A||.
+  const bool weighted = in.heads_row_weights.size() == n;
+  double scale = 0;
+  for (Eigen::Index i = 0; i < n; ++i) {
+    const double w = weighted ? in.heads_row_weights(i) : 1.0;
+    scale = std::max(scale, (*ln_wo)(i) == 0 ? 0.0 : w > 0 ? DivUp((*ln_wo)(i), w) : kInf);
+  }
+  return MulUp(scale, in.heads_variation.value());
+}
+
+// Per token of the cover of Y: ln_centre(i) >= ||D_i(yc_i)||_p and ln_var(i) >= sup over the
+// token's ball of ||D_i(y_i) - D_i(yc_i)||_p. False where Y0 has no finite enclosure.
+bool LayerNormTermsOver(const AttentionLayer& L, const TokenCover& y_cover, const MhaInput& f, NormKind norm,
+                        Eigen::VectorXd* ln_centre, Eigen::VectorXd* ln_var) {
+  const double sqrt_d = SqrtUp(double(L.d_model));
+  for (Eigen::Index i = 0; i < y_cover.center.rows(); ++i) {
+    if (!y_cover.center.row(i).allFinite()) return false;
+    const double delta2 =
+        std::min(f.delta_ln(i), LayerNormVariationUp(*L.post_layer_norm, y_cover.center.row(i), y_cover.radius(i)));
+    if (norm == NormKind::kL2) {
+      (*ln_centre)(i) = NormL2UpperGram(f.ln_jac[size_t(i)], 1).value();
+      (*ln_var)(i) = delta2;
+    } else {
+      (*ln_centre)(i) = NormInfUpper(f.ln_jac[size_t(i)]).value();
+      // ||A||_inf <= sqrt(D) ||A||_2 for D x D matrices; and the triangle inequality.
+      (*ln_var)(i) = std::min(MulUp(sqrt_d, delta2), AddUp(f.ell(i), (*ln_centre)(i)));
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
 EngineBound PostLnVariationBound(const AttentionLayer& L, const TokenCover& cover, const PostLnVariationInputs& in,
                                  ExpBackend exp_backend, PostLnVariationReport* report) {
   CheckLayer(L);
   if (const std::string bad = in.IsValid(); !bad.empty()) throw std::invalid_argument("post_ln_variation: " + bad);
   EngineBound out;
-  const Eigen::Index n = cover.center.rows(), d = cover.center.cols();
+  const Eigen::Index n = cover.center.rows();
   // U2 >= sup_S ||J_M||_2: the certified bound, or the centre plus the variation.
   const double u2 = std::min(in.mha_l2_upper.value(), AddUp(in.mha_l2_centre.value(), in.mha_l2_variation.value()));
   // V_M >= sup_S ||J_M(X) - J_M(X0)||_p: the certified variation, or ||J_M(X)|| + ||J_M(X0)||.
@@ -152,40 +194,16 @@ EngineBound PostLnVariationBound(const AttentionLayer& L, const TokenCover& cove
   // ell the sup over the balls in the norm p.
   const MhaInput f = PostLnFactors(L, y_cover, in.norm);
   Eigen::VectorXd ln_centre(n), ln_var(n);
-  const double sqrt_d = SqrtUp(double(d));
-  for (Eigen::Index i = 0; i < n; ++i) {
-    if (!y_cover.center.row(i).allFinite()) {
-      out.upper = UpperBound(kInf);
-      out.note = "no finite enclosure of Y0";
-      return out;
-    }
-    if (in.norm == NormKind::kL2) {
-      ln_centre(i) = NormL2UpperGram(f.ln_jac[size_t(i)], 1).value();
-      ln_var(i) = std::min(f.delta_ln(i), LayerNormVariationUp(*L.post_layer_norm, y_cover.center.row(i), y_cover.radius(i)));
-    } else {
-      ln_centre(i) = NormInfUpper(f.ln_jac[size_t(i)]).value();
-      // ||A||_inf <= sqrt(D) ||A||_2 for D x D matrices; and the triangle inequality.
-      const double delta2 =
-          std::min(f.delta_ln(i), LayerNormVariationUp(*L.post_layer_norm, y_cover.center.row(i), y_cover.radius(i)));
-      ln_var(i) = std::min(MulUp(sqrt_d, delta2), AddUp(f.ell(i), ln_centre(i)));
-    }
+  if (!LayerNormTermsOver(L, y_cover, f, in.norm, &ln_centre, &ln_var)) {
+    out.upper = UpperBound(kInf);
+    out.note = "no finite enclosure of Y0";
+    return out;
   }
   // The MHA variation through D(Yc): D(Yc)(J_M(X) - J_M(X0)) = blockdiag(D_i(yc_i) Wo)(J_H(X) - J_H(X0)),
   // a block-diagonal left factor either way (its norm the largest block's).
   const double through_mha = MulUp(ln_centre.maxCoeff(), v_m);
-  double through_heads = kInf;
   Eigen::VectorXd ln_wo;
-  if (std::isfinite(in.heads_variation.value()) && L.wo.rows() == d && L.wo.cols() == d) {
-    ln_wo = LayerNormWoNormsUp(L, f.ln_jac, in.norm);
-    // ||D_i(yc_i) Wo|| <= scale w_i for every i, so ||blockdiag(D_i Wo) A|| <= scale ||diag(w) A||.
-    const bool weighted = in.heads_row_weights.size() == n;
-    double scale = 0;
-    for (Eigen::Index i = 0; i < n; ++i) {
-      const double w = weighted ? in.heads_row_weights(i) : 1.0;
-      scale = std::max(scale, ln_wo(i) == 0 ? 0.0 : w > 0 ? DivUp(ln_wo(i), w) : kInf);
-    }
-    through_heads = MulUp(scale, in.heads_variation.value());
-  }
+  const double through_heads = ThroughHeadsUp(L, f, in, &ln_wo);
   const UpperBound through_ln(MulUp(ln_var.maxCoeff(), AddUp(1.0, u_m)));
   const bool heads_won = through_heads < through_mha;
   const UpperBound variation(std::min(through_mha, through_heads));
