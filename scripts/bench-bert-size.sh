@@ -4,7 +4,8 @@
 # with the same attention weights and centre, at radius 0 and on balls of relative radius r,
 # norm 2: lipcert certify's bound, its witness, the gap, the winner, wall seconds and peak
 # memory, and the pre-LN sublayer's gap over MHA alone's.
-# Usage: bash scripts/bench-bert-size.sh [OUT.md]      (needs build/lipcert; about 2 minutes a row)
+# Usage: bash scripts/bench-bert-size.sh [OUT.md]   (needs build/lipcert and numpy in .venv
+# (bash scripts/python-env.sh) or LIPCERT_PYTHON; about 2 minutes a row)
 #   LIPCERT_BERT_RADII   relative radii (default "0 0.001")
 #   LIPCERT_BERT_LIMIT   --time-limit per run in seconds (default 120)
 set -euo pipefail
@@ -13,10 +14,11 @@ out=${1:-/dev/stdout}
 radii=${LIPCERT_BERT_RADII:-0 0.001}
 limit=${LIPCERT_BERT_LIMIT:-120}
 [[ -x build/lipcert ]] || { echo "bench-bert-size: build/lipcert is missing (bash scripts/build.sh)" >&2; exit 2; }
+py=${LIPCERT_PYTHON:-.venv/bin/python}
 dir=build-real/bert-size
 mkdir -p "$dir/mha" "$dir/pre-ln"
-[[ -s $dir/mha/bert-size.safetensors ]] || python3 scripts/bert_size_checkpoint.py "$dir/mha" >/dev/null
-[[ -s $dir/pre-ln/bert-size.safetensors ]] || python3 scripts/bert_size_checkpoint.py "$dir/pre-ln" --pre-ln >/dev/null
+[[ -s $dir/mha/bert-size.safetensors ]] || "$py" scripts/bert_size_checkpoint.py "$dir/mha" >/dev/null
+[[ -s $dir/pre-ln/bert-size.safetensors ]] || "$py" scripts/bert_size_checkpoint.py "$dir/pre-ln" --pre-ln >/dev/null
 for block in mha pre-ln; do
   for r in $radii; do
     name="${block}_r$r"
@@ -26,7 +28,7 @@ for block in mha pre-ln; do
     echo "bench-bert-size: $name done" >&2
   done
 done
-python3 - "$dir" "$radii" > "$out" <<'PY'
+"$py" - "$dir" "$radii" > "$out" <<'PY'
 import json, sys
 d, radii = sys.argv[1], sys.argv[2].split()
 print("BERT-base size (D = 768, H = 12, N = 128, random weights), ball sets (relative radius), norm 2, 2 threads\n")
