@@ -94,7 +94,7 @@ for layer in layers:
                 el = re.search(r"elapsed=([0-9.]+)s", open(base + ".torch").read())
                 torch = f"{float(m.group(1)):.4f} ({float(el.group(1)):.0f} s)" if m and el else "?"
             w = c.get("winner", {})
-            dom = (w.get("dominant_term") or {}).get("name", "")
+            dom = (w.get("dominant_term") or {}).get("name", "").replace("|", "\\|")
             n = c["set"]["tokens"]
             rel = c["set"]["radius"] / c["set"]["centre_frobenius_norm"] if c["set"]["centre_frobenius_norm"] else 0
             up = c["upper_bound"] if c["upper_bound"] is not None else float("inf")

@@ -67,9 +67,11 @@ for f in sorted(glob.glob(os.path.join(d, "*.json")), key=key):
     print(f"| {name} | {float(r):g} | {up:.6g} | {lo:.6g} | {gap} | {w.get('engine', '')} ({dom}) "
           f"| {float(secs):.1f} | {int(kib) / 1024:.0f} MiB |")
 PY
+  # Each extra table under its own heading: its first line.
   for extra in ${LIPCERT_RESULTS_EXTRA:-}; do
     echo
-    cat "$extra"
+    echo "## $(head -n 1 "$extra")"
+    tail -n +2 "$extra"
   done
 } > "$out.tmp"
 mv "$out.tmp" "$out"
