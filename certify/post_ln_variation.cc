@@ -92,6 +92,13 @@ std::string PostLnVariationInputs::IsValid() const {
     if (std::isnan(u.value()) || u.value() < 0) return std::string(name) + ": must be >= 0 (+inf allowed)";
   for (Eigen::Index i = 0; i < heads_row_weights.size(); ++i)
     if (!(heads_row_weights(i) >= 0)) return "heads_row_weights: each must be >= 0";
+  for (Eigen::Index i = 0; i < mha_row_variation_l2.size(); ++i)
+    if (!(mha_row_variation_l2(i) >= 0)) return "mha_row_variation_l2: each must be >= 0 (+inf allowed)";
+  for (Eigen::Index i = 0; i < ln_row_weights.size(); ++i)
+    if (!(ln_row_weights(i) >= 0 && ln_row_weights(i) <= 1)) return "ln_row_weights: each must be in [0, 1]";
+  for (const auto& [name, u] : {std::pair<const char*, UpperBound>{"ln_rows_centre", ln_rows_centre},
+                                {"ln_rows_variation", ln_rows_variation}})
+    if (std::isnan(u.value()) || u.value() < 0) return std::string(name) + ": must be >= 0 (+inf allowed)";
   return "";
 }
 
@@ -136,6 +143,59 @@ double ThroughHeadsUp(const AttentionLayer& L, const MhaInput& f, const PostLnVa
   return MulUp(scale, in.heads_variation.value());
 }
 
+// The per-token cover of Y: on the segment X_t in S, ||M_i(X) - M_i(X0)|| <= sup_t ||J_{M,i}(X_t)||_2 ||X - X0||_F,
+// and ||J_{M,i}(X_t)|| <= min(U2, ||J_{M,i}(X0)|| + V_2) (a row block is at most the whole).
+TokenCover YCoverOf(const AttentionLayer& L, const TokenCover& cover, const PostLnVariationInputs& in, double u2,
+                    ExpBackend exp_backend) {
+  const Eigen::Index n = cover.center.rows();
+  const double joint = JointRadiusUp(cover).value();
+  Eigen::VectorXd moved = Eigen::VectorXd::Constant(n, MulUp(u2, joint));
+  if (in.mha_row_centre_l2.size() == n)
+    for (Eigen::Index i = 0; i < n; ++i) {
+      const double own = in.mha_row_variation_l2.size() == n
+                             ? std::min(in.mha_l2_variation.value(), in.mha_row_variation_l2(i))
+                             : in.mha_l2_variation.value();
+      moved(i) = std::min(moved(i), MulUp(AddUp(in.mha_row_centre_l2(i), own), joint));
+    }
+  return PostLnYCover(L, cover, moved, exp_backend);
+}
+
+// U2 >= sup_S ||J_M||_2: the certified bound, or the centre plus the variation.
+double MhaL2UpperOf(const PostLnVariationInputs& in) {
+  return std::min(in.mha_l2_upper.value(), AddUp(in.mha_l2_centre.value(), in.mha_l2_variation.value()));
+}
+
+// max_i delta_i / w_i (0 where delta_i is; +inf where w_i = 0 < delta_i): with it,
+// ||blockdiag(Delta_i) A|| <= scale ||diag(w) A|| for ||Delta_i|| <= delta_i.
+double WeightScaleUp(const Eigen::VectorXd& delta, const Eigen::VectorXd& w) {
+  double scale = 0;
+  for (Eigen::Index i = 0; i < delta.size(); ++i)
+    scale = std::max(scale, delta(i) == 0 ? 0.0 : w(i) > 0 ? DivUp(delta(i), w(i)) : kInf);
+  return scale;
+}
+
+// >= ||diag(w) (I + J_M(X0))||_2 from the row blocks r_i >= ||J_{M,i}(X0)||_2 and c >= ||J_M(X0)||_2:
+// with A = I + J_M(X0), ||A_i|| <= 1 + r_i and ||A|| <= 1 + c, and for any set H of tokens
+//   ||diag(w) A||^2 = ||sum_i w_i^2 A_i^T A_i|| <= sum_{i in H} w_i^2 ||A_i||^2 + max_{i not in H} w_i^2 ||A||^2;
+// H runs over the k tokens of largest weight, k = 0..N, and the least is kept.
+double WeightedCentreUp(const Eigen::VectorXd& w, const Eigen::VectorXd& rows, double c) {
+  const Eigen::Index n = w.size();
+  std::vector<Eigen::Index> order(size_t(n), 0);
+  for (Eigen::Index i = 0; i < n; ++i) order[size_t(i)] = i;
+  std::sort(order.begin(), order.end(), [&](Eigen::Index a, Eigen::Index b) { return w(a) > w(b); });
+  const double whole = AddUp(1.0, c);
+  double best = kInf, heavy = 0;
+  for (Eigen::Index k = 0; k <= n; ++k) {
+    const double rest = k < n ? MulUp(w(order[size_t(k)]), whole) : 0.0;
+    best = std::min(best, SqrtUp(AddUp(heavy, MulUp(rest, rest))));
+    if (k == n || rows.size() != n) break;
+    const Eigen::Index i = order[size_t(k)];
+    const double a = MulUp(w(i), AddUp(1.0, rows(i)));
+    heavy = AddUp(heavy, MulUp(a, a));
+  }
+  return best;
+}
+
 // Per token of the cover of Y: ln_centre(i) >= ||D_i(yc_i)||_p and ln_var(i) >= sup over the
 // token's ball of ||D_i(y_i) - D_i(yc_i)||_p. False where Y0 has no finite enclosure.
 bool LayerNormTermsOver(const AttentionLayer& L, const TokenCover& y_cover, const MhaInput& f, NormKind norm,
@@ -165,8 +225,7 @@ EngineBound PostLnVariationBound(const AttentionLayer& L, const TokenCover& cove
   if (const std::string bad = in.IsValid(); !bad.empty()) throw std::invalid_argument("post_ln_variation: " + bad);
   EngineBound out;
   const Eigen::Index n = cover.center.rows();
-  // U2 >= sup_S ||J_M||_2: the certified bound, or the centre plus the variation.
-  const double u2 = std::min(in.mha_l2_upper.value(), AddUp(in.mha_l2_centre.value(), in.mha_l2_variation.value()));
+  const double u2 = MhaL2UpperOf(in);
   // V_M >= sup_S ||J_M(X) - J_M(X0)||_p: the certified variation, or ||J_M(X)|| + ||J_M(X0)||.
   const double u_p0 = std::min(in.mha_upper.value(), AddUp(in.mha_centre.value(), in.mha_variation.value()));
   const double v_m = std::min(in.mha_variation.value(), AddUp(u_p0, std::min(in.mha_centre.value(), u_p0)));
@@ -182,14 +241,7 @@ EngineBound PostLnVariationBound(const AttentionLayer& L, const TokenCover& cove
                ", V_M " + std::to_string(v_m) + ", U_M " + std::to_string(u_m) + ")";
     return out;
   }
-  // The per-token cover of Y: on the segment X_t in S, ||M_i(X) - M_i(X0)|| <= sup_t ||J_{M,i}(X_t)||_2 ||X - X0||_F,
-  // and ||J_{M,i}(X_t)|| <= min(U2, ||J_{M,i}(X0)|| + V_2) (a row block is at most the whole).
-  const double joint = JointRadiusUp(cover).value();
-  Eigen::VectorXd moved = Eigen::VectorXd::Constant(n, MulUp(u2, joint));
-  if (in.mha_row_centre_l2.size() == n)
-    for (Eigen::Index i = 0; i < n; ++i)
-      moved(i) = std::min(moved(i), MulUp(AddUp(in.mha_row_centre_l2(i), in.mha_l2_variation.value()), joint));
-  const TokenCover y_cover = PostLnYCover(L, cover, moved, exp_backend);
+  const TokenCover y_cover = YCoverOf(L, cover, in, u2, exp_backend);
   // The LayerNorm factors: ln_jac at yc (radius 0 enclosures), delta_ln over the balls (norm 2),
   // ell the sup over the balls in the norm p.
   const MhaInput f = PostLnFactors(L, y_cover, in.norm);
@@ -204,7 +256,17 @@ EngineBound PostLnVariationBound(const AttentionLayer& L, const TokenCover& cove
   const double through_mha = MulUp(ln_centre.maxCoeff(), v_m);
   Eigen::VectorXd ln_wo;
   const double through_heads = ThroughHeadsUp(L, f, in, &ln_wo);
-  const UpperBound through_ln(MulUp(ln_var.maxCoeff(), AddUp(1.0, u_m)));
+  // The LayerNorm's variation times I + J_M(X): as a whole, max_i delta_i (1 + U_M), or token by
+  // token through the weighted pieces (norm 2).
+  const double ln_whole = MulUp(ln_var.maxCoeff(), AddUp(1.0, u_m));
+  double ln_rows = kInf, ln_scale = kInf;
+  if (in.norm == NormKind::kL2 && in.ln_row_weights.size() == n && Finite(in.ln_rows_centre) &&
+      Finite(in.ln_rows_variation)) {
+    ln_scale = WeightScaleUp(ln_var, in.ln_row_weights);
+    ln_rows = MulUp(ln_scale, AddUp(in.ln_rows_centre.value(), in.ln_rows_variation.value()));
+  }
+  const bool rows_won = ln_rows < ln_whole;
+  const UpperBound through_ln(std::min(ln_whole, ln_rows));
   const bool heads_won = through_heads < through_mha;
   const UpperBound variation(std::min(through_mha, through_heads));
   out.upper = UpperBound(AddUp(AddUp(in.centre.value(), variation.value()), through_ln.value()));
@@ -212,14 +274,19 @@ EngineBound PostLnVariationBound(const AttentionLayer& L, const TokenCover& cove
   out.terms.push_back({heads_won ? "MHA variation: max_i ||D_i(yc_i) Wo|| x sup ||J_H(X) - J_H(X0)|| (heads before Wo)"
                                  : "MHA variation: max_i ||D_i(yc_i)|| x sup ||J_M(X) - J_M(X0)||",
                        variation});
-  out.terms.push_back({"LN variation: max_i sup ||D_i(y_i) - D_i(yc_i)|| over the per-token cover of Y x (1 + U_M)",
-                       through_ln});
-  char how[320];
+  out.terms.push_back(
+      {rows_won ? "LN variation: max_i delta_i / w_i x (||diag(w)(I + J_M(X0))|| + sup ||diag(w)(J_M(X) - J_M(X0))||), "
+                  "delta_i = sup ||D_i(y_i) - D_i(yc_i)|| over the per-token cover of Y"
+                : "LN variation: max_i sup ||D_i(y_i) - D_i(yc_i)|| over the per-token cover of Y x (1 + U_M)",
+       through_ln});
+  char how[400];
   std::snprintf(how, sizeof how,
                 "MHA term: max||D_i|| %.6g x V_M %.6g = %.6g; max||D_i Wo|| %.6g x V_H %.6g = %.6g; "
-                "max delta_i %.6g x (1 + U_M %.6g); max rho_i %.6g",
+                "LN term: max delta_i %.6g x (1 + U_M %.6g) = %.6g; max delta_i/w_i %.6g x (%.6g + %.6g) = %.6g; "
+                "max rho_i %.6g",
                 ln_centre.maxCoeff(), v_m, through_mha, ln_wo.size() ? ln_wo.maxCoeff() : kInf,
-                in.heads_variation.value(), through_heads, ln_var.maxCoeff(), u_m, y_cover.radius.maxCoeff());
+                in.heads_variation.value(), through_heads, ln_var.maxCoeff(), u_m, ln_whole, ln_scale,
+                in.ln_rows_centre.value(), in.ln_rows_variation.value(), ln_rows, y_cover.radius.maxCoeff());
   out.note = how;
   if (report) {
     report->y_cover = y_cover;
@@ -228,6 +295,8 @@ EngineBound PostLnVariationBound(const AttentionLayer& L, const TokenCover& cove
     report->ln_wo = ln_wo;
     report->through_mha = through_mha;
     report->through_heads = through_heads;
+    report->ln_whole = ln_whole;
+    report->ln_rows = ln_rows;
   }
   return out;
 }
@@ -358,6 +427,26 @@ std::chrono::steady_clock::time_point ShareOf(std::chrono::steady_clock::time_po
   return now + std::chrono::duration_cast<std::chrono::steady_clock::duration>((deadline - now) * fraction);
 }
 
+// Weights w_i = delta_i / max_k delta_k (norm 2), delta_i the LayerNorm variation over token
+// i's ball of the cover of Y that PostLnVariationBound builds from the same inputs, and
+// *centre >= ||diag(w)(I + J_M(X0))||_2 (WeightedCentreUp); empty where the cover is not finite.
+Eigen::VectorXd LayerNormRowWeights(const AttentionLayer& L, const TokenCover& cover, const PostLnVariationInputs& in,
+                                    UpperBound* centre) {
+  const Eigen::Index n = cover.center.rows();
+  const double u2 = MhaL2UpperOf(in);
+  if (!std::isfinite(u2)) return {};
+  const TokenCover y_cover = YCoverOf(L, cover, in, u2, DefaultExpBackend());
+  const MhaInput f = PostLnFactors(L, y_cover, NormKind::kL2);
+  Eigen::VectorXd ln_centre(n), ln_var(n);
+  if (!LayerNormTermsOver(L, y_cover, f, NormKind::kL2, &ln_centre, &ln_var)) return {};
+  const double top = ln_var.maxCoeff();
+  if (!std::isfinite(top) || !(top > 0)) return {};
+  Eigen::VectorXd w(n);
+  for (Eigen::Index i = 0; i < n; ++i) w(i) = std::min(1.0, DivUp(ln_var(i), top));
+  *centre = UpperBound(WeightedCentreUp(w, in.mha_row_centre_l2, in.mha_l2_centre.value()));
+  return w;
+}
+
 }  // namespace
 
 MhaPieces MhaPiecesOf(const Certificate& c) {
@@ -444,9 +533,29 @@ PostLnVariationInputs PostLnVariationInputsFor(const AttentionLayer& L, const In
       }
       // In norm 2 only the bound's small per-token factors follow it; in the inf norm the
       // dense centre does, so it keeps half of the time left.
-      in.heads_variation = VariationOf(HeadsBeforeWo(mha), cover, p, threads,
-                                       ShareOf(deadline, p == NormKind::kL2 ? 0.85 : 0.5), w.size() ? &w : nullptr);
+      in.heads_variation = VariationOf(HeadsBeforeWo(mha), cover, p, threads, ShareOf(deadline, 0.35),
+                                       w.size() ? &w : nullptr);
       in.heads_row_weights = w;
+    }
+    // The LayerNorm term token by token (norm 2), in two passes: weights w from the delta_i of
+    // the cover of Y, the weighted variation V^w, and from it each token's own variation
+    // ||J_{M,i}(X) - J_{M,i}(X0)|| <= V^w / w_i, which narrows the cover where w_i is large;
+    // the second pass weighs the narrower delta_i. Each pass's weights come with their own
+    // centre and variation, so the bound holds whichever pass the time ends in.
+    for (int pass = 0; pass < 2 && p == NormKind::kL2; ++pass) {
+      UpperBound centre_w(kInf);
+      const Eigen::VectorXd w = LayerNormRowWeights(L, cover, in, &centre_w);
+      if (!w.size()) break;
+      const UpperBound variation_w =
+          VariationOf(mha, cover, NormKind::kL2, threads, ShareOf(deadline, pass == 0 ? 0.5 : 0.85), &w);
+      if (!Finite(variation_w) || !Finite(centre_w)) break;
+      in.ln_row_weights = w;
+      in.ln_rows_centre = centre_w;
+      in.ln_rows_variation = variation_w;
+      if (in.mha_row_variation_l2.size() != w.size()) in.mha_row_variation_l2 = Eigen::VectorXd::Constant(w.size(), kInf);
+      for (Eigen::Index i = 0; i < w.size(); ++i)
+        if (w(i) > 0)
+          in.mha_row_variation_l2(i) = std::min(in.mha_row_variation_l2(i), DivUp(variation_w.value(), w(i)));
     }
   }
   if (p == NormKind::kL2) {

@@ -7,6 +7,8 @@
 //   sup_S ||J_f||_p <= ||D(Yc)(I + J_M(X0))||_p + min(max_i ||D_i(yc_i)||_p V_M, max_i ||D_i(yc_i) Wo||_p V_H)
 //                      + max_i sup_{y_i in B(yc_i, rho_i)} ||D_i(y_i) - D_i(yc_i)||_p (1 + U_M),
 //
+// and in norm 2 the last term token by token where the inputs carry it (ln_row_weights below):
+// max_i delta_i / w_i (||diag(w)(I + J_M(X0))|| + sup_S ||diag(w)(J_M(X) - J_M(X0))||).
 // V_M >= sup_S ||J_M(X) - J_M(X0)||_p (MHA alone's certified variation), V_H the same for the
 // heads before Wo (M = Wo . H: the layer with Wo = I, where H dv = D), so that the LayerNorm
 // factor meets Wo before any norm is taken (it shrinks the directions Wo writes to most), and
@@ -14,7 +16,8 @@
 // inside the second-order bound (the max then factored out),
 // U_M >= sup_S ||J_M||_p
 // (the smaller of MHA's certified bound and ||J_M(X0)||_p + V_M), and the per-token cover of Y
-//   rho_i = r_i + R_joint * U2 + err_i,  U2 >= sup_S ||J_M||_2,
+//   rho_i = r_i + R_joint * min(U2, ||J_{M,i}(X0)|| + V_{2,i}) + err_i,  U2 >= sup_S ||J_M||_2,
+// V_{2,i} >= token i's own variation (V_2 for every token, or V^w / w_i from a row-weighted one),
 // (mean value theorem on the segment X0 -> X inside S: ||M_i(X) - M_i(X0)|| <= ||M(X) - M(X0)||_F
 // <= U2 ||X - X0||_F), err_i the enclosure's half-width of row i. Every number is rounded up.
 #pragma once
@@ -49,12 +52,26 @@ struct PostLnVariationInputs {
   // Optional (empty: not known): row_centre_l2(i) >= ||J_{M,i}(X0)||_2, token i's row block
   // (D x ND); then ||M_i(X) - M_i(X0)|| <= (row_centre_l2(i) + V_2) ||X - X0||_F as well.
   Eigen::VectorXd mha_row_centre_l2;
+  // Optional (empty: not known): row_variation_l2(i) >= sup_S ||J_{M,i}(X) - J_{M,i}(X0)||_2, token
+  // i's own variation (each at most V_2); then the cover of Y moves token i by
+  // (row_centre_l2(i) + row_variation_l2(i)) ||X - X0||_F.
+  Eigen::VectorXd mha_row_variation_l2;
   // >= sup_S ||diag(w) (J_H(X) - J_H(X0))||_p, H the heads before Wo (MHA with Wo = I and no
   // output bias; only where Wo is D x D), w = heads_row_weights (output token i's rows times
   // w_i >= 0; empty: all 1). The term is then max_i ||D_i(yc_i) Wo||_p / w_i times it.
   // +inf: not known, the term uses V_M alone.
   UpperBound heads_variation{kInf};
   Eigen::VectorXd heads_row_weights;
+  // Optional, norm 2 (empty weights: not known): the LayerNorm variation's term token by token.
+  // With weights w_i in [0, 1] (output token i's D rows times w_i),
+  //   ln_rows_centre >= ||diag(w) (I + J_M(X0))||_2,  ln_rows_variation >= sup_S ||diag(w) (J_M(X) - J_M(X0))||_2,
+  // the term is also max_i delta_i / w_i x (ln_rows_centre + ln_rows_variation): for
+  // blockdiag(Delta_i) with ||Delta_i|| <= c w_i, Delta_i^T Delta_i <= c^2 w_i^2 I, so
+  // ||blockdiag(Delta_i) A|| <= c ||diag(w) A||. Weights that follow delta_i keep a token whose
+  // LayerNorm moves most from multiplying the whole of I + J_M.
+  Eigen::VectorXd ln_row_weights;
+  UpperBound ln_rows_centre{kInf};
+  UpperBound ln_rows_variation{kInf};
 
   // "" when valid, else a message naming the field.
   std::string IsValid() const;
@@ -75,6 +92,8 @@ struct PostLnVariationReport {
   double mha_upper = kInf;          // the U_M used
   double through_mha = kInf;        // max_i ||D_i(yc_i)|| V_M
   double through_heads = kInf;      // max_i ||D_i(yc_i) Wo|| V_H (+inf where V_H is)
+  double ln_whole = kInf;           // max_i delta_i (1 + U_M)
+  double ln_rows = kInf;            // max_i delta_i / w_i (ln_rows_centre + ln_rows_variation) (+inf: not known)
 };
 
 // The cover of Y = X + M(X) over a cover of X: centre the midpoint of the interval enclosure

@@ -274,6 +274,65 @@ TEST(PostLnVariation, HeadsBeforeWoTermDominatesMpfrAndIsTight) {
               cases, term_fails);
 }
 
+// The LayerNorm term token by token (norm 2): weights w in [0, 1] with max 1, and at random
+// points of the set
+//   ln_rows_centre >= ||diag(w)(I + J_M(X0))||, ln_rows_variation >= ||diag(w)(J_M(X) - J_M(X0))||,
+//   mha_row_variation_l2(i) >= ||J_{M,i}(X) - J_{M,i}(X0)|| (token i's own variation),
+//   the term >= ||(D(Y) - D(Yc))(I + J_M(X))|| (MPFR);
+// the route wins against max_i delta_i (1 + U_M) in some case, and its weighted centre fails at
+// 0.8 times its value against the MPFR norm in some case.
+TEST(PostLnVariation, LayerNormTermTokenByTokenDominatesMpfr) {
+  mpfr::mpreal::set_default_prec(256);
+  std::mt19937_64 rng(3609);
+  const long cases = testing::Count(16);
+  long checked = 0, points = 0, rows_won = 0, centre_fails = 0;
+  for (long c = 0; c < cases; ++c) {
+    const SetCase s = RandomSetCase(c, rng, -3, -1);
+    const AttentionLayer& L = s.layer;
+    const AttentionLayer mha = L.WithoutPostLayerNorm();
+    const PostLnVariationInputs in = InputsFor(L, s.set, NormKind::kL2);
+    const int n = int(s.set.center.rows()), d = L.d_model;
+    ASSERT_EQ(in.ln_row_weights.size(), n) << "case " << c;
+    ASSERT_EQ(in.mha_row_variation_l2.size(), n) << "case " << c;
+    EXPECT_EQ(in.ln_row_weights.maxCoeff(), 1.0) << "case " << c;
+    EXPECT_GE(in.ln_row_weights.minCoeff(), 0.0) << "case " << c;
+    PostLnVariationReport rep;
+    const EngineBound b = PostLnVariationBound(L, CoverOf(s.set), in, DefaultExpBackend(), &rep);
+    ASSERT_TRUE(std::isfinite(rep.ln_rows)) << "case " << c << ": " << b.note;
+    EXPECT_EQ(b.terms.at(2).value.value(), std::min(rep.ln_whole, rep.ln_rows)) << "case " << c;
+    if (rep.ln_rows < rep.ln_whole) ++rows_won;
+    Eigen::MatrixXd wrows = Eigen::MatrixXd::Zero(n * d, n * d), dyc = wrows;
+    for (int i = 0; i < n; ++i) {
+      wrows.block(i * d, i * d, d, d) = in.ln_row_weights(i) * Eigen::MatrixXd::Identity(d, d);
+      dyc.block(i * d, i * d, d, d) = LayerNormJacobianMp(*L.post_layer_norm, rep.y_cover.center.row(i));
+    }
+    const Eigen::MatrixXd eye = Eigen::MatrixXd::Identity(n * d, n * d), jm0 = JacobianMp(mha, s.set.center);
+    const double centre_exact = Sigma1(wrows * (eye + jm0));
+    EXPECT_GE(in.ln_rows_centre.value(), centre_exact * (1 - 1e-12)) << "case " << c;
+    if (0.8 * in.ln_rows_centre.value() < centre_exact) ++centre_fails;
+    for (int k = 0; k < 8; ++k) {
+      const Eigen::MatrixXd x = RandomPointIn(s.set, rng, k % 2 ? 1.0 : 0.5);
+      const Eigen::MatrixXd jm = JacobianMp(mha, x), dj = jm - jm0;
+      EXPECT_LE(Sigma1(wrows * dj), in.ln_rows_variation.value() * (1 + 1e-9)) << "case " << c << " point " << k;
+      for (int i = 0; i < n; ++i)
+        EXPECT_LE(Sigma1(dj.middleRows(i * d, d)), in.mha_row_variation_l2(i) * (1 + 1e-9))
+            << "case " << c << " point " << k << " token " << i;
+      const Eigen::MatrixXd y = x + ToDouble(Forward<mpreal>(mha, M(x.cast<mpreal>())));
+      Eigen::MatrixXd dy = Eigen::MatrixXd::Zero(n * d, n * d);
+      for (int i = 0; i < n; ++i) dy.block(i * d, i * d, d, d) = LayerNormJacobianMp(*L.post_layer_norm, y.row(i));
+      EXPECT_LE(Sigma1((dy - dyc) * (eye + jm)), b.terms[2].value.value() * (1 + 1e-9)) << "case " << c << " point " << k;
+      ++points;
+    }
+    ++checked;
+  }
+  EXPECT_EQ(checked, cases);
+  EXPECT_EQ(points, 8 * cases);
+  EXPECT_GT(rows_won, 0);
+  EXPECT_GT(centre_fails, 0);
+  std::printf("LN term token by token: smaller in %ld of %ld cases; its centre's 0.8 fails in %ld\n", rows_won, cases,
+              centre_fails);
+}
+
 // The row blocks of J_M(X0): certified above the MPFR sigma_1 of each block and within 1e-6
 // of it (so 0.8 of it fails), and the cover of Y they give holds: ||y_i - yc_i|| <= rho_i at
 // random points and at the search's points of the set.
