@@ -235,7 +235,9 @@ EngineBound PostLnVariationBound(const AttentionLayer& L, const TokenCover& cove
     report->mha_variation = v_m;
     report->mha_upper = u_m;
   }
-  if (!Finite(in.centre) || !std::isfinite(u2) || !std::isfinite(v_m) || !std::isfinite(u_m)) {
+  // Without a certified centre (norm 2: post_ln_centre did not finish) the bound takes a crude one below.
+  const bool centre_missing = !Finite(in.centre) && in.norm == NormKind::kL2;
+  if ((!Finite(in.centre) && !centre_missing) || !std::isfinite(u2) || !std::isfinite(v_m) || !std::isfinite(u_m)) {
     out.upper = UpperBound(kInf);
     out.note = "an input is +inf (centre " + std::to_string(in.centre.value()) + ", U2 " + std::to_string(u2) +
                ", V_M " + std::to_string(v_m) + ", U_M " + std::to_string(u_m) + ")";
@@ -250,6 +252,20 @@ EngineBound PostLnVariationBound(const AttentionLayer& L, const TokenCover& cove
     out.upper = UpperBound(kInf);
     out.note = "no finite enclosure of Y0";
     return out;
+  }
+  // The crude centre: ||blockdiag(D_i(yc_i)) A|| <= max_k ||D_k|| ||diag(w) A|| with w_i = ||D_i|| / max_k ||D_k||,
+  // A = I + J_M(X0) (WeightedCentreUp from MHA's row blocks and centre).
+  UpperBound centre = in.centre;
+  if (centre_missing) {
+    const double top = ln_centre.maxCoeff();
+    Eigen::VectorXd w(n);
+    for (Eigen::Index i = 0; i < n; ++i) w(i) = top > 0 ? std::min(1.0, DivUp(ln_centre(i), top)) : 1.0;
+    centre = UpperBound(MulUp(top, WeightedCentreUp(w, in.mha_row_centre_l2, in.mha_l2_centre.value())));
+    if (!Finite(centre)) {
+      out.upper = UpperBound(kInf);
+      out.note = "no certified centre norm and no finite crude one";
+      return out;
+    }
   }
   // The MHA variation through D(Yc): D(Yc)(J_M(X) - J_M(X0)) = blockdiag(D_i(yc_i) Wo)(J_H(X) - J_H(X0)),
   // a block-diagonal left factor either way (its norm the largest block's).
@@ -269,8 +285,11 @@ EngineBound PostLnVariationBound(const AttentionLayer& L, const TokenCover& cove
   const UpperBound through_ln(std::min(ln_whole, ln_rows));
   const bool heads_won = through_heads < through_mha;
   const UpperBound variation(std::min(through_mha, through_heads));
-  out.upper = UpperBound(AddUp(AddUp(in.centre.value(), variation.value()), through_ln.value()));
-  out.terms.push_back({"centre norm ||D(Yc)(I + J_M(X0))||", in.centre});
+  out.upper = UpperBound(AddUp(AddUp(centre.value(), variation.value()), through_ln.value()));
+  out.terms.push_back({centre_missing ? "centre norm ||D(Yc)(I + J_M(X0))||, crude: max_i ||D_i(yc_i)|| x "
+                                        "||diag(w)(I + J_M(X0))|| from MHA's row blocks"
+                                      : "centre norm ||D(Yc)(I + J_M(X0))||",
+                       centre});
   out.terms.push_back({heads_won ? "MHA variation: max_i ||D_i(yc_i) Wo|| x sup ||J_H(X) - J_H(X0)|| (heads before Wo)"
                                  : "MHA variation: max_i ||D_i(yc_i)|| x sup ||J_M(X) - J_M(X0)||",
                        variation});
@@ -590,8 +609,8 @@ EngineResult PostLnVariationCandidate(const AttentionLayer& L, const InputSet& s
   PostLnCentreInfBounds inf_centre;
   const PostLnVariationInputs in = PostLnVariationInputsFor(L, set, p, MhaPiecesOf(mha_l2), MhaPiecesOf(mha_p),
                                                             centre_l2, threads, deadline, inf_dense_limit, &inf_centre);
-  if (!std::isfinite(in.centre.value())) {
-    r.note = p == NormKind::kL2 ? "no certified centre norm of the sublayer" : "inf centre: " + inf_centre.note;
+  if (p != NormKind::kL2 && !std::isfinite(in.centre.value())) {  // norm 2: the bound's crude centre
+    r.note = "inf centre: " + inf_centre.note;
     return done(r);
   }
   if (p != NormKind::kL2 && inf_row) *inf_row = inf_centre.row;
@@ -603,7 +622,8 @@ EngineResult PostLnVariationCandidate(const AttentionLayer& L, const InputSet& s
   }
   PostLnVariationReport rep;
   const EngineBound b = PostLnVariationBound(L, cover, in, DefaultExpBackend(), &rep);
-  if (p == NormKind::kL2 && std::isfinite(b.upper.value()) && !(rep.y_cover.center == centre_y)) {
+  if (p == NormKind::kL2 && std::isfinite(in.centre.value()) && std::isfinite(b.upper.value()) &&
+      !(rep.y_cover.center == centre_y)) {
     r.note = "the Y centre differs from the centre norm's";
     return done(r);
   }

@@ -42,7 +42,9 @@ namespace lipcert {
 // the norm p unless named _l2. Any may be +inf (the bound is then +inf or uses the others).
 struct PostLnVariationInputs {
   NormKind norm = NormKind::kL2;
-  UpperBound centre{kInf};          // >= ||D(Yc)(I + J_M(X0))||_p, Yc = PostLnYCentre(...).center
+  // >= ||D(Yc)(I + J_M(X0))||_p, Yc the cover of Y's centre; +inf in norm 2: the bound takes
+  // max_i ||D_i(yc_i)|| ||diag(w)(I + J_M(X0))|| (w_i = ||D_i|| / max_k ||D_k||) from MHA's row blocks.
+  UpperBound centre{kInf};
   UpperBound mha_centre{kInf};      // >= ||J_M(X0)||_p
   UpperBound mha_variation{kInf};   // >= sup_S ||J_M(X) - J_M(X0)||_p
   UpperBound mha_upper{kInf};       // >= sup_S ||J_M(X)||_p

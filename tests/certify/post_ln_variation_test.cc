@@ -278,7 +278,8 @@ TEST(PostLnVariation, HeadsBeforeWoTermDominatesMpfrAndIsTight) {
 // points of the set
 //   ln_rows_centre >= ||diag(w)(I + J_M(X0))||, ln_rows_variation >= ||diag(w)(J_M(X) - J_M(X0))||,
 //   mha_row_variation_l2(i) >= ||J_{M,i}(X) - J_{M,i}(X0)|| (token i's own variation),
-//   the term >= ||(D(Y) - D(Yc))(I + J_M(X))|| (MPFR);
+//   the term >= ||(D(Y) - D(Yc))(I + J_M(X))|| (MPFR), and without a certified centre the
+//   bound's crude centre >= ||J_f(X0)|| and the bound >= ||J_f(X)||;
 // the route wins against max_i delta_i (1 + U_M) in some case, and its weighted centre fails at
 // 0.8 times its value against the MPFR norm in some case.
 TEST(PostLnVariation, LayerNormTermTokenByTokenDominatesMpfr) {
@@ -307,6 +308,13 @@ TEST(PostLnVariation, LayerNormTermTokenByTokenDominatesMpfr) {
       dyc.block(i * d, i * d, d, d) = LayerNormJacobianMp(*L.post_layer_norm, rep.y_cover.center.row(i));
     }
     const Eigen::MatrixXd eye = Eigen::MatrixXd::Identity(n * d, n * d), jm0 = JacobianMp(mha, s.set.center);
+    // Without the certified centre (post_ln_centre timed out), the crude one: above the exact
+    // ||J_f(X0)|| and the bound above the MPFR norm at the points below.
+    PostLnVariationInputs no_centre = in;
+    no_centre.centre = UpperBound(kInf);
+    const EngineBound crude = PostLnVariationBound(L, CoverOf(s.set), no_centre);
+    ASSERT_TRUE(std::isfinite(crude.upper.value())) << "case " << c << ": " << crude.note;
+    EXPECT_GE(crude.terms.at(0).value.value(), Sigma1(JacobianMp(L, s.set.center)) * (1 - 1e-6)) << "case " << c;
     const double centre_exact = Sigma1(wrows * (eye + jm0));
     EXPECT_GE(in.ln_rows_centre.value(), centre_exact * (1 - 1e-12)) << "case " << c;
     if (0.8 * in.ln_rows_centre.value() < centre_exact) ++centre_fails;
@@ -321,6 +329,7 @@ TEST(PostLnVariation, LayerNormTermTokenByTokenDominatesMpfr) {
       Eigen::MatrixXd dy = Eigen::MatrixXd::Zero(n * d, n * d);
       for (int i = 0; i < n; ++i) dy.block(i * d, i * d, d, d) = LayerNormJacobianMp(*L.post_layer_norm, y.row(i));
       EXPECT_LE(Sigma1((dy - dyc) * (eye + jm)), b.terms[2].value.value() * (1 + 1e-9)) << "case " << c << " point " << k;
+      EXPECT_LE(Sigma1(JacobianMp(L, x)), crude.upper.value()) << "case " << c << " point " << k;
       ++points;
     }
     ++checked;
