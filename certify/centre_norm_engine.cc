@@ -37,6 +37,7 @@ CentreNormOptions CentreNormOptionsOf(const BoundOptions& opts, long centre_dens
   c.exclude_residual = opts.exclude_residual;
   c.threads = opts.threads;
   c.deadline = opts.deadline;
+  c.stop = opts.stop;  // a stop ends the centre norm's Gram, Cholesky and blocks as the deadline does
   return c;
 }
 }  // namespace
