@@ -32,6 +32,7 @@
 #pragma once
 
 #include <Eigen/Dense>
+#include <atomic>
 #include <chrono>
 #include <functional>
 #include <string>
@@ -72,10 +73,14 @@ struct CentreNormOptions {
   // Above dense_limit: run the super-blocks (plain or deflated). false: where the factored
   // heads apply, they alone (the engine's choice when the super-blocks would not fit).
   bool super_blocks = true;
-  // Checked between blocks, Gram tiles and Cholesky attempts: once it has passed the
-  // result is +inf (report->timed_out), never a partial number. One Cholesky of the
-  // largest dense block is not interrupted: callers size dense_limit to their time.
+  // Checked between blocks, Gram tiles and Cholesky tiles: once it has passed the result
+  // is +inf (report->timed_out), never a partial number. The dense enclosure's assembly and
+  // one tile step of its Cholesky are not interrupted: callers size dense_limit to their time.
   std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max();
+  // A stop request (BoundOptions::stop, CertifyOptions::stop): wherever the deadline is
+  // checked, a flag that points to true ends the work as the deadline would (+inf,
+  // report->timed_out). nullptr: none.
+  const std::atomic<bool>* stop = nullptr;
 
   // "" when valid, else a message naming the field.
   std::string IsValid() const;
@@ -147,14 +152,16 @@ UpperBound DeflatedPostLnCentreNormUpperBound(const AttentionLayer& mha, const E
 
 // k Lanczos vectors V of J^T J (floating point, reorthogonalised twice, a fixed start) and
 // Y = fl(J V), J the Jacobian of `layer` at x0 as the evaluator (or, with a post-LN, the
-// model's own JVP/VJP) computes it. Fewer columns when the deadline cut the Lanczos run, or
-// when `resize(steps, seconds)` (asked every 16 steps) returned fewer than asked.
+// model's own JVP/VJP) computes it. Fewer columns when the deadline (or a stop request)
+// cut the Lanczos run, or when `resize(steps, seconds)` (asked every 16 steps) returned
+// fewer than asked.
 struct DeflationBasis {
   Eigen::MatrixXd v, y;  // (N D) x k each
 };
 DeflationBasis DeflationBasisOf(const AttentionLayer& layer, const Eigen::MatrixXd& x0, int k, int threads,
                                 std::chrono::steady_clock::time_point deadline,
-                                const std::function<int(int steps, double seconds)>& resize = nullptr);
+                                const std::function<int(int steps, double seconds)>& resize = nullptr,
+                                const std::atomic<bool>* stop = nullptr);
 // The deadline for a deflation basis inside a window ending at `deadline`: half of the time
 // left, and at most cap_seconds, so that a basis cut short still leaves the blocks (or the
 // plain super-blocks) their time (max() stays max()).
@@ -188,16 +195,17 @@ struct GramWorkspace {
 enum class GramPrecision { kDouble, kSingle };
 
 // Certified ||a||_2 over the enclosure, with the fast dense certificate described above.
-// +inf once `deadline` has passed (checked between Gram tiles and Cholesky attempts).
+// +inf once `deadline` has passed or `stop` points to true (checked between Gram tiles,
+// Cholesky attempts and Cholesky tiles; a stop before the call runs no Gram and no Cholesky).
 UpperBound NormL2UpperGram(const IntervalMatrix& a, int threads = 0, double* estimate = nullptr,
                            std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max(),
                            GramStats* stats = nullptr, GramWorkspace* workspace = nullptr,
-                           GramPrecision precision = GramPrecision::kDouble);
+                           GramPrecision precision = GramPrecision::kDouble, const std::atomic<bool>* stop = nullptr);
 // The same for a point matrix (no radius to carry).
 UpperBound NormL2UpperGram(const Eigen::MatrixXd& m, int threads = 0, double* estimate = nullptr,
                            std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max(),
                            GramStats* stats = nullptr, GramWorkspace* workspace = nullptr,
-                           GramPrecision precision = GramPrecision::kDouble);
+                           GramPrecision precision = GramPrecision::kDouble, const std::atomic<bool>* stop = nullptr);
 
 // ||J(x0)||_inf (the largest absolute row sum), certified from both sides from the same
 // enclosure, streamed in token tiles of block_limit rows (never all of J in memory):

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "certify/centre_norm.h"
+#include "certify/centre_norm_engine.h"
 #include "certify/closed_form.h"
 #include "certify/dense_jacobian.h"
 #include "certify/head_factors.h"
@@ -29,10 +30,6 @@ std::string CentreNormEngineRefusal(const BoundOptions& opts) {
 }
 
 namespace {
-// A LayerNorm variation term below this fraction of the centre norm is taken from a crude
-// bound on ||J_M(z0)|| (it moves the certificate by less than its printed digits).
-constexpr double kNegligibleLnVariation = 1e-9;
-
 CentreNormOptions CentreNormOptionsOf(const BoundOptions& opts, long centre_dense_limit) {
   CentreNormOptions c;
   c.dense_limit = centre_dense_limit;
@@ -40,6 +37,7 @@ CentreNormOptions CentreNormOptionsOf(const BoundOptions& opts, long centre_dens
   c.exclude_residual = opts.exclude_residual;
   c.threads = opts.threads;
   c.deadline = opts.deadline;
+  c.stop = opts.stop;  // a stop ends the centre norm's Gram, Cholesky and blocks as the deadline does
   return c;
 }
 }  // namespace
@@ -141,10 +139,12 @@ std::optional<UpperBound> AnchorUp(const AttentionLayer& L, const TokenCover& co
   return UpperBound(MulUp(v0.variation.value(), in.ell.maxCoeff()));
 }
 
+}  // namespace
+
 // ||J_M(z0)||_p multiplies the LayerNorm's variation. Where Castin's closed form over the
-// MHA input's cover already makes that product negligible against the centre norm (a point
-// set, whose delta_ln is the rounding of sigma), it serves; else +inf, and MHA's own centre
-// norm is certified (at BERT-base size that second pass took 28 s of a 120 s limit).
+// MHA input's cover already makes that product negligible against the centre norm, it
+// serves; else +inf, and MHA's own centre norm is certified (at BERT-base size that second
+// pass took 28 s of a 120 s limit).
 UpperBound CrudeMhaNormWhereNegligible(const AttentionLayer& L, const MhaInput& in, NormKind norm, double ln_delta_p,
                                        const UpperBound& centre_norm) {
   if (L.kind != AttentionKind::kDot || L.causal) return UpperBound(kInf);
@@ -154,6 +154,8 @@ UpperBound CrudeMhaNormWhereNegligible(const AttentionLayer& L, const MhaInput& 
   const double bound = MulUp(crude.value(), p_factor);
   return MulUp(bound, ln_delta_p) <= kNegligibleLnVariation * centre_norm.value() ? UpperBound(bound) : UpperBound(kInf);
 }
+
+namespace {
 
 // The engine's bound from its terms: centre norm + variation + LayerNorm variation + anchor,
 // added in this order, and the centred form's halves.

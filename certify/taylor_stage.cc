@@ -4,8 +4,20 @@
 // remainder alone already reach the bound in hand the curvature is not computed. The
 // curvature's Gram gives up at the stage's deadline; the output Gram and the Cholesky after
 // it cannot be interrupted, so the stage starts only when its model of them fits.
+//
+// Its entry in the certificate's engines follows the rule of the other stages: an engine
+// that was attempted has an entry (its bound, won or lost, or why it gave up on the way),
+// and an engine that every such certificate runs has one when refused (centre_norm: the
+// user learns why the main bound is missing); an optional stage that declines before any
+// work of its own, as the closed forms that do not apply and the probabilistic stage
+// without centre_norm's variation, leaves none. The Taylor stage is such a stage: where it
+// declines before computing the curvature (centre + remainder already at or above the
+// bound in hand, no certified centre from centre_norm, or the curvature's predicted time
+// above its share, the usual case at the default time limits) it records nothing; where
+// the curvature ran it records its bound, or why the curvature gave up (its time limit).
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <string>
 
 #include "certify/curvature.h"
@@ -45,6 +57,12 @@ UpperBound CentreFromCentreNorm(const CertifyRun& run) {
   return best;
 }
 
+// The stage declined before computing the curvature: no engine entry, a progress line.
+void Declined(const CertifyRun& run, const std::string& why) {
+  if (run.opts.progress)
+    std::fprintf(stderr, "[lipcert %7.2fs] taylor declined: %s\n", run.clock.Elapsed(), why.c_str());
+}
+
 }  // namespace
 
 bool TaylorApplies(const CertifyRun& run) {
@@ -63,26 +81,19 @@ double TaylorSeconds(const CertifyRun& run) {
 void RunTaylor(CertifyRun& run, double seconds) {
   const auto start = Clock::now();
   // The remainder (with the centre where centre_norm gave one, curvature 0) first: C(X0) is
-  // computed only where it can pay.
+  // computed only where it can pay. Declined before the curvature: no entry (the rule above).
   const UpperBound centre = CentreFromCentreNorm(run);
   CurvatureBound zero;
   zero.upper = UpperBound(0.0);
   const bool known = std::isfinite(centre.value());
   const EngineBound floor = TaylorVariationBound(run.layer, known ? centre : UpperBound(0.0), run.cover, zero);
-  if (!(floor.upper.value() < run.cert.upper_bound.value())) {
-    run.Refused(EngineId::kTaylor, std::string("taylor: ") + (known ? "centre + remainder " : "remainder ") +
-                                       std::to_string(floor.upper.value()) + " already at or above the bound in hand");
-    return;
-  }
-  if (!known) {
-    run.Refused(EngineId::kTaylor, "taylor: needs centre_norm's certified centre norm");
-    return;
-  }
+  if (!(floor.upper.value() < run.cert.upper_bound.value()))
+    return Declined(run, std::string(known ? "centre + remainder " : "remainder ") +
+                             std::to_string(floor.upper.value()) + " already at or above the bound in hand");
+  if (!known) return Declined(run, "needs centre_norm's certified centre norm");
   const int n = run.set.tokens(), threads = std::max(1, run.cert.run.threads);
-  if (!run.by_work() && CurvatureSecondsModel(run.layer, n, threads) > seconds) {
-    run.Refused(EngineId::kTaylor, "taylor: the curvature's predicted time is above the stage's share");
-    return;
-  }
+  if (!run.by_work() && CurvatureSecondsModel(run.layer, n, threads) > seconds)
+    return Declined(run, "the curvature's predicted time is above the stage's share");
   CurvatureOptions co;
   co.threads = threads;
   co.time_limit_seconds = run.by_work() ? 0.0 : std::max(1e-3, seconds);

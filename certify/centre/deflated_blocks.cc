@@ -159,7 +159,7 @@ UpperBound DeflatedSuperBlockBound(const BlockAssembler& block, int n, int d, co
   for (int i = 0; i < groups; ++i) {
     const auto [ri, mi] = rows(i);
     for (int c = 0; c < groups; ++c) {
-      if (Past(o.deadline)) return UpperBound(kInf);
+      if (Past(DeadlineOf(o))) return UpperBound(kInf);
       const auto [rc, mc] = rows(c);
       const auto t_rest = std::chrono::steady_clock::now();
       block(i * g, std::min(n, (i + 1) * g), c * g, std::min(n, (c + 1) * g), &blk);
@@ -183,7 +183,8 @@ UpperBound DeflatedSuperBlockBound(const BlockAssembler& block, int n, int d, co
       double dense = kInf;
       if (!frobenius && gram_s + rest_s * double(groups * groups - done - 1) <= left) {
         const auto t_block = std::chrono::steady_clock::now();
-        dense = NormL2UpperGram(f, o.threads, nullptr, o.deadline, &rep->gram, &workspace, GramPrecision::kSingle).value();
+        dense = NormL2UpperGram(f, o.threads, nullptr, o.deadline, &rep->gram, &workspace, GramPrecision::kSingle, o.stop)
+                    .value();
         gram_s = SecondsSince(t_block);
       }
       if (std::isfinite(dense)) ++rep->exact_blocks;

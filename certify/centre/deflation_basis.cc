@@ -142,8 +142,10 @@ std::chrono::steady_clock::time_point BasisDeadline(std::chrono::steady_clock::t
 }
 
 DeflationBasis DeflationBasisOf(const AttentionLayer& layer, const Eigen::MatrixXd& x0, int k, int threads,
-                                std::chrono::steady_clock::time_point deadline,
-                                const std::function<int(int steps, double seconds)>& resize) {
+                                std::chrono::steady_clock::time_point deadline_at,
+                                const std::function<int(int steps, double seconds)>& resize,
+                                const std::atomic<bool>* stop) {
+  const Deadline deadline{deadline_at, stop};
   const auto t0 = std::chrono::steady_clock::now();
   const long nd = long(x0.rows()) * x0.cols();
   if (k < 1 || k > nd) throw std::invalid_argument("deflation: k must be in [1, N D]");

@@ -47,8 +47,8 @@ bool FactorFirst(const AttentionLayer& L, int n, int d, const CentreNormOptions&
     const double least = CentreNormMinimumSecondsEstimate(L, n, o), all = CentreNormSecondsEstimate(L, n, o);
     return all > least ? (SecondsLeft(o.deadline) - least) / (all - least) : 1.0;
   };
-  return long(n) * d > o.dense_limit && FactoredHeadsApply(L, o) && !Past(o.deadline) &&
-         (!o.super_blocks || o.deadline == Deadline::max() || dense_share() < 0.25);
+  return long(n) * d > o.dense_limit && FactoredHeadsApply(L, o) && !Past(DeadlineOf(o)) &&
+         (!o.super_blocks || o.deadline == std::chrono::steady_clock::time_point::max() || dense_share() < 0.25);
 }
 
 // The deflated super-blocks with up to k vectors (k > 0), or the plain super-blocks where the
@@ -76,7 +76,7 @@ UpperBound DeflatedRoute(const CentreState& S, const AttentionLayer& L, const Ei
     return asked;
   };
   const DeflationBasis basis =
-      DeflationBasisOf(L.WithoutPostLayerNorm(), x0, k, o.threads, BasisDeadline(o.deadline, cap_s), resize);
+      DeflationBasisOf(L.WithoutPostLayerNorm(), x0, k, o.threads, BasisDeadline(o.deadline, cap_s), resize, o.stop);
   rep.deflation_basis_seconds = SecondsSince(t_basis);
   // Fewer columns of V and Y serve as well (DeflationVectorsAfterBasis).
   const int kept = int(basis.v.cols()) < asked ? 0 : DeflationVectorsAfterBasis(L, n, o, asked, rep.deflation_basis_seconds);
@@ -130,12 +130,12 @@ UpperBound CentreJacobianNormUpperBound(const AttentionLayer& L, const Eigen::Ma
   double factored_s = 0;
   if (factor) {
     const auto t_factored = std::chrono::steady_clock::now();
-    factored = FactoredHeadsBound(S, L, o.threads, o.deadline);
+    factored = FactoredHeadsBound(S, L, o.threads, DeadlineOf(o));
     factored_s = SecondsSince(t_factored);
   }
   CentreNormReport rep;
   UpperBound bound(kInf);
-  if (Past(o.deadline)) {
+  if (Past(DeadlineOf(o))) {
     rep.timed_out = true;
   } else if (factor && !o.super_blocks) {
     rep.method = "factored_heads";
@@ -145,14 +145,15 @@ UpperBound CentreJacobianNormUpperBound(const AttentionLayer& L, const Eigen::Ma
     const auto t_assembly = std::chrono::steady_clock::now();
     const IntervalMatrix j = AssembleBlock(S, 0, n, 0, n, o.threads);
     rep.assembly_seconds = SecondsSince(t_assembly);
-    bound = NormL2UpperGram(j, o.threads, &rep.estimate, o.deadline, &rep.gram);
+    bound = NormL2UpperGram(j, o.threads, &rep.estimate, o.deadline, &rep.gram, nullptr, GramPrecision::kDouble,
+                            o.stop);
   } else if (const int k = BasisDescribesTheEnclosure(L, o) ? DeflationVectorsThatFit(L, n, o, 0.0) : 0; k > 0) {
     bound = DeflatedRoute(S, L, x0, o, k, rep);
   } else {
     bound = PlainSuperBlockBound(S, o, rep);
   }
-  // A deadline that passed inside a Gram or Cholesky step shows as +inf there.
-  if (Past(o.deadline) && !std::isfinite(bound.value())) rep.timed_out = true;
+  // A deadline (or a stop) that came inside a Gram or Cholesky step shows as +inf there.
+  if (Past(DeadlineOf(o)) && !std::isfinite(bound.value())) rep.timed_out = true;
   if (rep.timed_out) bound = UpperBound(kInf);
   if (factor) TakeFactored(factored, factored_s, rep, &bound);
   rep.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -246,8 +246,10 @@ double GramLambdaMaxUp(const Eigen::MatrixXd& m, int threads, double* estimate, 
 
 using namespace centre_internal;
 
-UpperBound NormL2UpperGram(const Eigen::MatrixXd& m, int threads, double* estimate, Deadline deadline, GramStats* stats,
-                           GramWorkspace* workspace, GramPrecision precision) {
+UpperBound NormL2UpperGram(const Eigen::MatrixXd& m, int threads, double* estimate,
+                           std::chrono::steady_clock::time_point deadline_at, GramStats* stats, GramWorkspace* workspace,
+                           GramPrecision precision, const std::atomic<bool>* stop) {
+  const Deadline deadline{deadline_at, stop};
   GramStats local_stats;
   if (!stats) stats = &local_stats;
   GramWorkspace local_ws;
@@ -296,18 +298,19 @@ UpperBound NormL2UpperGram(const Eigen::MatrixXd& m, int threads, double* estima
   return UpperBound(std::isfinite(scale) ? MulUp(ns, scale) : kInf);
 }
 
-UpperBound NormL2UpperGram(const IntervalMatrix& a, int threads, double* estimate, Deadline deadline, GramStats* stats,
-                           GramWorkspace* workspace, GramPrecision precision) {
+UpperBound NormL2UpperGram(const IntervalMatrix& a, int threads, double* estimate,
+                           std::chrono::steady_clock::time_point deadline_at, GramStats* stats, GramWorkspace* workspace,
+                           GramPrecision precision, const std::atomic<bool>* stop) {
   if (a.mid.size() == 0) return UpperBound(0.0);
   if (!a.rad.allFinite()) return UpperBound(kInf);
   // The radius is rounding-sized: its Frobenius norm (one pass) is enough unless it is not
   // negligible, when the Collatz-Wielandt bound below is tried as well.
   UpperBound rad = a.rad.maxCoeff() == 0.0 ? UpperBound(0.0) : NormFrobeniusUpper(a.rad);
-  const UpperBound mid = NormL2UpperGram(a.mid, threads, estimate, deadline, stats, workspace, precision);
+  const UpperBound mid = NormL2UpperGram(a.mid, threads, estimate, deadline_at, stats, workspace, precision, stop);
   if (rad.value() > 1e-9 * mid.value()) rad = Min(rad, NormL2UpperNonneg(a.rad));
   const UpperBound total = mid + rad;
   // The crude norms (three passes over a) only when the certificate failed.
-  if (std::isfinite(total.value()) || Past(deadline)) return total;
+  if (std::isfinite(total.value()) || Past(Deadline{deadline_at, stop})) return total;
   return Min(total, NormL2UpperCrude(a));
 }
 

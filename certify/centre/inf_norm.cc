@@ -26,7 +26,7 @@ CentreInfNormBounds CentreJacobianInfNormBounds(const AttentionLayer& L, const E
   for (int r0 = 0; r0 < n && !out.timed_out; r0 += g) {
     const int r1 = std::min(n, r0 + g);
     for (int c0 = 0; c0 < n; c0 += g) {
-      if (Past(o.deadline)) {
+      if (Past(DeadlineOf(o))) {
         out.timed_out = true;
         break;
       }

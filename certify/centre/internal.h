@@ -4,11 +4,13 @@
 #pragma once
 
 #include <Eigen/Dense>
+#include <atomic>
 #include <chrono>
 #include <functional>
 #include <vector>
 
 #include "certify/centre_norm.h"
+#include "certify/run_control.h"
 #include "certify/time_model.h"
 #include "interval/interval_matrix.h"
 #include "interval/rounding.h"
@@ -22,14 +24,21 @@ using time_model::kGramFlopsPerSecond;
 // The deflation's fewest vectors worth a pass (deflation_basis.cc, the time model).
 inline constexpr int kMinDeflationVectors = 32;
 
-using Deadline = std::chrono::steady_clock::time_point;
-inline bool Past(Deadline d) { return std::chrono::steady_clock::now() >= d; }
+// When the long loops end: the deadline, or a stop request (CentreNormOptions::stop), which
+// ends them as the deadline would. Every loop that checks one checks both, through Past().
+struct Deadline {
+  std::chrono::steady_clock::time_point at = std::chrono::steady_clock::time_point::max();
+  const std::atomic<bool>* stop = nullptr;
+};
+inline Deadline DeadlineOf(const CentreNormOptions& o) { return {o.deadline, o.stop}; }
+inline bool Past(const Deadline& d) { return StopRequested(d.stop) || std::chrono::steady_clock::now() >= d.at; }
 inline double SecondsSince(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
 }
 inline double SecondsLeft(std::chrono::steady_clock::time_point deadline) {
   return std::chrono::duration<double>(deadline - std::chrono::steady_clock::now()).count();
 }
+inline double SecondsLeft(const Deadline& d) { return SecondsLeft(d.at); }
 
 // ---------------------------------------------------------------------------------------
 // Small rigorous helpers on midpoint-radius matrices (enclosure.cc).

@@ -69,7 +69,7 @@ UpperBound PlainSuperBlockBound(const CentreState& S, const CentreNormOptions& o
   double assembly_s = 0;  // per block, the largest measured
   for (int ir = 0; ir < groups; ++ir)
     for (int kc = 0; kc < groups; ++kc) {
-      if (Past(o.deadline)) {
+      if (Past(DeadlineOf(o))) {
         rep.timed_out = true;
         return UpperBound(kInf);
       }
@@ -80,11 +80,13 @@ UpperBound PlainSuperBlockBound(const CentreState& S, const CentreNormOptions& o
     const double m = double(g) * d;
     double gram_s = m * m * m * (0.5 + 1.0 / 3) / kGramFlopsPerSecond;  // per block (model, then measured)
     for (const auto& [ir, kc] : BlocksByShare(b)) {
-      if (assembly_s + gram_s > SecondsLeft(o.deadline)) break;
+      // A stop keeps the Frobenius norms of the blocks not yet certified (a bound either way).
+      if (assembly_s + gram_s > SecondsLeft(o.deadline) || StopRequested(o.stop)) break;
       assemble(ir, kc, &blk);
       const auto t_gram = std::chrono::steady_clock::now();
-      const double dense =
-          NormL2UpperGram(blk, o.threads, nullptr, o.deadline, &rep.gram, &workspace, GramPrecision::kSingle).value();
+      const double dense = NormL2UpperGram(blk, o.threads, nullptr, o.deadline, &rep.gram, &workspace,
+                                           GramPrecision::kSingle, o.stop)
+                               .value();
       gram_s = SecondsSince(t_gram);
       if (!std::isfinite(dense)) continue;  // the deadline passed inside: the Frobenius norm stays
       ++rep.exact_blocks;

@@ -3,9 +3,12 @@
 #include <gtest/gtest.h>
 
 #include <Eigen/SVD>
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <random>
 
+#include "certify/centred_engine.h"
 #include "certify/certify.h"
 #include "certify/jacobian_bounds.h"
 #include "interval/norms.h"
@@ -706,6 +709,107 @@ TEST(CentreNormTest, TiledGramCertificateIsExactAboveTheSvd) {
   }
   const Eigen::MatrixXd a = Eigen::MatrixXd::Identity(300, 300);
   EXPECT_EQ(NormL2UpperGram(IntervalMatrix::Point(a), 2, nullptr, std::chrono::steady_clock::now()).value(), kInf);
+}
+
+// A stop request (CentreNormOptions::stop) ends the centre norm as its deadline would: with
+// the flag already true every route (dense, plain and deflated super-blocks, the heads
+// factored alone, the inf norm's row sums) returns +inf with timed_out, runs no Cholesky and
+// certifies no block; the Gram certificate alone runs no Cholesky either; a deflation basis
+// whose stop comes at its 16th step keeps 17 columns; and the centre_norm engine reports no
+// bound. The same calls without the stop give finite bounds (so each check can fail).
+TEST(CentreNormTest, StopRequestEndsEveryRouteWithoutABound) {
+  std::mt19937_64 rng(3604);
+  RandomLayerSpec spec;
+  spec.kind = AttentionKind::kDot;
+  spec.biases = true;
+  spec.d = 8;
+  spec.heads = 2;
+  spec.dk = 4;
+  const AttentionLayer L = RandomAttentionLayer(spec, rng);
+  const int n = 12;
+  const Eigen::MatrixXd x0 = RandomCentre(rng, n, L.d_model, 1.0);
+  std::atomic<bool> stopped{true}, running{false};
+  struct Route {
+    const char* name;
+    CentreNormOptions o;
+  };
+  std::vector<Route> routes(4);
+  routes[0].name = "dense";
+  routes[1].name = "super_block";
+  routes[1].o.dense_limit = 16;
+  routes[1].o.block_tokens = 4;
+  routes[1].o.factored_heads = false;
+  routes[2] = routes[1];
+  routes[2].name = "deflated_super_block";
+  routes[2].o.deflation_vectors = 40;
+  routes[3].name = "factored_heads";
+  routes[3].o.dense_limit = 16;
+  routes[3].o.super_blocks = false;
+  for (Route& r : routes) {
+    SCOPED_TRACE(r.name);
+    r.o.threads = 2;
+    r.o.stop = &running;
+    CentreNormReport free_report;
+    const double free = CentreJacobianNormUpperBound(L, x0, r.o, &free_report).value();
+    ASSERT_TRUE(std::isfinite(free));
+    EXPECT_FALSE(free_report.timed_out);
+    EXPECT_EQ(free_report.method, r.name);
+    r.o.stop = &stopped;
+    CentreNormReport report;
+    EXPECT_EQ(CentreJacobianNormUpperBound(L, x0, r.o, &report).value(), kInf);
+    EXPECT_TRUE(report.timed_out);
+    EXPECT_EQ(report.gram.cholesky_attempts, 0);
+    EXPECT_EQ(report.exact_blocks, 0);
+    EXPECT_EQ(report.factored, kInf);
+  }
+  // The inf norm's row sums.
+  CentreNormOptions o;
+  o.stop = &running;
+  ASSERT_TRUE(std::isfinite(CentreJacobianInfNormBounds(L, x0, o).upper.value()));
+  o.stop = &stopped;
+  const CentreInfNormBounds inf = CentreJacobianInfNormBounds(L, x0, o);
+  EXPECT_TRUE(inf.timed_out);
+  EXPECT_EQ(inf.upper.value(), kInf);
+  EXPECT_EQ(inf.row, -1);
+  // The Gram certificate of one matrix: neither its Gram nor its Cholesky.
+  const IntervalMatrix j = CentreJacobianEnclosure(L, x0);
+  const auto no_deadline = std::chrono::steady_clock::time_point::max();
+  GramStats free_stats, stats;
+  EXPECT_TRUE(std::isfinite(
+      NormL2UpperGram(j, 2, nullptr, no_deadline, &free_stats, nullptr, GramPrecision::kDouble, &running).value()));
+  EXPECT_GE(free_stats.cholesky_attempts, 1);
+  EXPECT_EQ(NormL2UpperGram(j, 2, nullptr, no_deadline, &stats, nullptr, GramPrecision::kDouble, &stopped).value(), kInf);
+  EXPECT_EQ(stats.cholesky_attempts, 0);
+  // The deflation basis: a stop at its 16th step (asked from its resize hook) ends it there;
+  // the deflated pass with the stop gives no bound.
+  std::atomic<bool> late{false};
+  const DeflationBasis cut = DeflationBasisOf(L, x0, 40, 1, no_deadline,
+                                              [&](int, double) {
+                                                late = true;
+                                                return 40;
+                                              },
+                                              &late);
+  EXPECT_EQ(cut.v.cols(), 17);
+  const DeflationBasis full = DeflationBasisOf(L, x0, 40, 1, no_deadline, [](int, double) { return 40; }, &running);
+  ASSERT_EQ(full.v.cols(), 40);
+  CentreNormOptions deflated = routes[2].o;
+  deflated.stop = &running;
+  ASSERT_TRUE(std::isfinite(DeflatedCentreNormUpperBound(L, x0, full.v, full.y, deflated).value()));
+  deflated.stop = &stopped;
+  CentreNormReport deflated_report;
+  EXPECT_EQ(DeflatedCentreNormUpperBound(L, x0, full.v, full.y, deflated, &deflated_report).value(), kInf);
+  EXPECT_TRUE(deflated_report.timed_out);
+  EXPECT_EQ(deflated_report.exact_blocks, 0);
+  // The centre_norm engine over a small ball: no bound, timed out.
+  BoundOptions bo;
+  bo.threads = 2;
+  bo.stop = &running;
+  const TokenCover cover = CoverOf(InputSet{SetKind::kBall, x0, 1e-3});
+  ASSERT_TRUE(std::isfinite(CentreNormBound(L, cover, bo, long(1) << 30).upper.value()));
+  bo.stop = &stopped;
+  const EngineBound b = CentreNormBound(L, cover, bo, long(1) << 30);
+  EXPECT_EQ(b.upper.value(), kInf);
+  EXPECT_TRUE(b.timed_out);
 }
 
 TEST(CentreNormTest, InvalidOptionsAndShapesAreRefused) {

@@ -6,6 +6,8 @@
 #include <unsupported/Eigen/MPRealSupport>
 
 #include <random>
+#include <stdexcept>
+#include <string>
 
 #include "certify/input_set.h"
 #include "models/forward.h"
@@ -24,18 +26,34 @@ namespace testing_util {
 using ::lipcert::testing::TestScale;
 
 struct RandomLayerOptions {
-  int max_tokens = 4;
-  int max_width = 4;
+  int max_tokens = 4;    // for the caller's sets (RandomLayer does not read it)
+  int max_width = 4;     // D uniform in [1, max_width]
   int max_heads = 2;
   int max_head_dim = 3;
+  bool dot_only = false;     // dot-product attention; else dot or L2 on a coin
+  bool layer_norm = true;    // a pre-LN on a coin (D >= 2); false: never
+  // The weights are N(0, s^2 / D), s uniform in [min_scale, max_scale].
+  double min_scale = 0.3, max_scale = 2.0;
+
+  // "" when valid, else a message naming the field.
+  std::string IsValid() const {
+    if (max_width < 1) return "max_width must be >= 1";
+    if (max_heads < 1) return "max_heads must be >= 1";
+    if (max_head_dim < 1) return "max_head_dim must be >= 1";
+    if (!(min_scale > 0 && min_scale <= max_scale)) return "min_scale must be in (0, max_scale]";
+    return "";
+  }
 };
 
+// A random small layer: causal and biases on a coin; with dot_only and !layer_norm it draws
+// no coin for the kind or the LayerNorm (the same stream gives the same layer either way).
 inline AttentionLayer RandomLayer(std::mt19937_64& rng, const RandomLayerOptions& o = {}) {
+  if (const std::string why = o.IsValid(); !why.empty()) throw std::invalid_argument("RandomLayerOptions: " + why);
   std::uniform_int_distribution<int> coin(0, 1);
-  std::uniform_real_distribution<double> scale_d(0.3, 2.0);
+  std::uniform_real_distribution<double> scale_d(o.min_scale, o.max_scale);
   std::normal_distribution<double> gauss(0.0, 1.0);
   AttentionLayer L;
-  L.kind = coin(rng) ? AttentionKind::kDot : AttentionKind::kL2;
+  L.kind = o.dot_only || coin(rng) ? AttentionKind::kDot : AttentionKind::kL2;
   L.d_model = std::uniform_int_distribution<int>(1, o.max_width)(rng);
   L.heads = std::uniform_int_distribution<int>(1, o.max_heads)(rng);
   L.head_dim_qk = std::uniform_int_distribution<int>(1, o.max_head_dim)(rng);
@@ -62,7 +80,7 @@ inline AttentionLayer RandomLayer(std::mt19937_64& rng, const RandomLayerOptions
     L.bv = vec(hv);
     L.bo = vec(L.d_model);
   }
-  if (coin(rng) && L.d_model >= 2) {
+  if (o.layer_norm && coin(rng) && L.d_model >= 2) {
     LayerNormParams ln;
     ln.gamma = vec(L.d_model) * 2;
     ln.beta = vec(L.d_model);
