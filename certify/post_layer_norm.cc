@@ -119,6 +119,7 @@ EngineBound PostLnDeflatedCentreBound(const AttentionLayer& L, const Eigen::Matr
   co.mha_only = true;
   co.threads = opts.threads;
   co.deadline = opts.deadline;
+  co.stop = opts.stop;
   co.dense_limit = 0;
   co.deflation_vectors = opts.deflation_vectors;
   // J_LN into every block (certify/time_model.h); under a work budget the vectors asked for.
@@ -137,7 +138,7 @@ EngineBound PostLnDeflatedCentreBound(const AttentionLayer& L, const Eigen::Matr
   // certificates are anytime, and the alternative, the composition, is far looser. (Its
   // products go through the model's own JVP and VJP, slower than the evaluator's, which the
   // attention route's idle-time cap and load check would misread.)
-  const DeflationBasis basis = DeflationBasisOf(L, x0, k, opts.threads, BasisDeadline(opts.deadline, kInf));
+  const DeflationBasis basis = DeflationBasisOf(L, x0, k, opts.threads, BasisDeadline(opts.deadline, kInf), nullptr, opts.stop);
   CentreNormReport rep;
   UpperBound jm_frobenius(kInf);
   const UpperBound centre = DeflatedPostLnCentreNormUpperBound(mha, x0, lin.ln_jac, basis.v, basis.y, co, &rep, &jm_frobenius);
@@ -174,6 +175,7 @@ EngineBound PostLnCentreBound(const AttentionLayer& L, const Eigen::MatrixXd& x0
   co.mha_only = true;
   co.threads = opts.threads;
   co.deadline = opts.deadline;
+  co.stop = opts.stop;
   co.dense_limit = long(n) * d;
   if (opts.deadline != std::chrono::steady_clock::time_point::max()) {
     const double left = std::chrono::duration<double>(opts.deadline - std::chrono::steady_clock::now()).count();
@@ -204,7 +206,7 @@ EngineBound PostLnCentreBound(const AttentionLayer& L, const Eigen::MatrixXd& x0
   IntervalMatrix jf_t = ComposeWithLayerNorm(at, ln_t, opts.threads, n, d, false, opts.deadline, &timed_out);
   at = IntervalMatrix();  // memory: two (ND)^2 enclosures at most at once
   if (timed_out || DeadlinePassed(opts)) return TimedOutBound(kName);
-  const double centre = NormL2UpperGram(jf_t, opts.threads, nullptr, opts.deadline).value();
+  const double centre = NormL2UpperGram(jf_t, opts.threads, nullptr, opts.deadline, nullptr, nullptr, GramPrecision::kDouble, opts.stop).value();
   if (!std::isfinite(centre)) return TimedOutBound(kName);
   const double moved = MulUp(lin.delta_ln.maxCoeff(), AddUp(1.0, jm_crude));
   EngineBound out;
