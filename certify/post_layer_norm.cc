@@ -206,7 +206,9 @@ EngineBound PostLnCentreBound(const AttentionLayer& L, const Eigen::MatrixXd& x0
   IntervalMatrix jf_t = ComposeWithLayerNorm(at, ln_t, opts.threads, n, d, false, opts.deadline, &timed_out);
   at = IntervalMatrix();  // memory: two (ND)^2 enclosures at most at once
   if (timed_out || DeadlinePassed(opts)) return TimedOutBound(kName);
-  const double centre = NormL2UpperGram(jf_t, opts.threads, nullptr, opts.deadline, nullptr, nullptr, GramPrecision::kDouble, opts.stop).value();
+  const double centre =
+      NormL2UpperGram(jf_t, opts.threads, nullptr, opts.deadline, nullptr, nullptr, GramPrecision::kDouble, opts.stop)
+          .value();
   if (!std::isfinite(centre)) return TimedOutBound(kName);
   const double moved = MulUp(lin.delta_ln.maxCoeff(), AddUp(1.0, jm_crude));
   EngineBound out;
