@@ -425,16 +425,17 @@ PostLnCentreInfBounds PostLnCentreInfNormBounds(const AttentionLayer& L, const E
 namespace {
 
 // MHA's variation over the cover in the norm q (the centred form's variation half,
-// certify/centred_engine.h), refining for half of the time left; +inf where it did not finish.
+// certify/centred_engine.h): its optional refinements end by `refine_until` (a share of the
+// stage), the bound itself by `deadline` (the stage's end), so that a share too short for the
+// machine's load still gives the unrefined bound; +inf where it did not finish.
 UpperBound VariationOf(const AttentionLayer& mha, const TokenCover& cover, NormKind q, int threads,
-                       std::chrono::steady_clock::time_point deadline, const Eigen::VectorXd* row_weights = nullptr) {
+                       std::chrono::steady_clock::time_point refine_until, std::chrono::steady_clock::time_point deadline,
+                       const Eigen::VectorXd* row_weights = nullptr) {
   BoundOptions bo;
   bo.norm = q;
   bo.threads = threads;
   bo.deadline = deadline;
-  const auto now = std::chrono::steady_clock::now();
-  const auto refine = deadline == std::chrono::steady_clock::time_point::max() ? deadline : now + (deadline - now) / 2;
-  const CentredVariation v = CentredVariationBound(mha, cover, bo, refine, false, row_weights);
+  const CentredVariation v = CentredVariationBound(mha, cover, bo, std::min(refine_until, deadline), false, row_weights);
   return v.complete ? v.variation : UpperBound(kInf);
 }
 
@@ -530,10 +531,10 @@ PostLnVariationInputs PostLnVariationInputsFor(const AttentionLayer& L, const In
     }
     // MHA's variation where its pieces have none, then the heads' before Wo.
     if (!std::isfinite(in.mha_l2_variation.value()))
-      in.mha_l2_variation = VariationOf(mha, cover, NormKind::kL2, threads, ShareOf(deadline, 0.3));
+      in.mha_l2_variation = VariationOf(mha, cover, NormKind::kL2, threads, ShareOf(deadline, 0.3), deadline);
     if (p == NormKind::kL2) in.mha_variation = in.mha_l2_variation;
     else if (!std::isfinite(in.mha_variation.value()))
-      in.mha_variation = VariationOf(mha, cover, p, threads, ShareOf(deadline, 0.3));
+      in.mha_variation = VariationOf(mha, cover, p, threads, ShareOf(deadline, 0.3), deadline);
     if (mha.wo.rows() == mha.d_model && mha.wo.cols() == mha.d_model) {
       // Norm 2: output token i's rows weighted by ||D_i(yc_i) Wo|| / max_k ||D_k(yc_k) Wo|| in
       // the second order (the other norms have no weighted route).
@@ -552,7 +553,7 @@ PostLnVariationInputs PostLnVariationInputsFor(const AttentionLayer& L, const In
       }
       // In norm 2 only the bound's small per-token factors follow it; in the inf norm the
       // dense centre does, so it keeps half of the time left.
-      in.heads_variation = VariationOf(HeadsBeforeWo(mha), cover, p, threads, ShareOf(deadline, 0.35),
+      in.heads_variation = VariationOf(HeadsBeforeWo(mha), cover, p, threads, ShareOf(deadline, 0.35), deadline,
                                        w.size() ? &w : nullptr);
       in.heads_row_weights = w;
     }
@@ -566,7 +567,7 @@ PostLnVariationInputs PostLnVariationInputsFor(const AttentionLayer& L, const In
       const Eigen::VectorXd w = LayerNormRowWeights(L, cover, in, &centre_w);
       if (!w.size()) break;
       const UpperBound variation_w =
-          VariationOf(mha, cover, NormKind::kL2, threads, ShareOf(deadline, pass == 0 ? 0.5 : 0.85), &w);
+          VariationOf(mha, cover, NormKind::kL2, threads, ShareOf(deadline, pass == 0 ? 0.5 : 0.85), deadline, &w);
       if (!Finite(variation_w) || !Finite(centre_w)) break;
       in.ln_row_weights = w;
       in.ln_rows_centre = centre_w;
