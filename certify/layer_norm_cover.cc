@@ -28,6 +28,84 @@ double LayerNormInfNormUp(const LayerNormParams& ln, const std::vector<Interval>
   return out;
 }
 
+// sup over ||y - yc||_2 <= rho of ||J_LN(y) - J_LN(yc)||_inf, row by row. With c the centred
+// y, s = ||c||, u = c / s, q = s^2 / D, a = (q + eps)^(-1/2), b = q (q + eps)^(-3/2):
+// J_LN(y) = diag(gamma) (a Pi - b u u^T), Pi = I - 11^T/D, so row r of the difference is
+//   gamma_r [(a - a0)(e_r - 1/D) - (b u_r u - b0 u0_r u0)],
+// and ||e_r - 1/D||_1 = 2 (D - 1) / D. The rank-one part splits two ways,
+//   b0 (u_r u - u0_r u0) + (b - b0) u_r u   or   b (u_r u - u0_r u0) + (b - b0) u0_r u0,
+// and u_r u - u0_r u0 = du_r u + u0_r du = du_r u0 + u_r du (du = u - u0); every split is a
+// bound, the smallest is taken. The ranges: centring is an orthogonal projection, so
+// ||c - c0|| <= rho, s in [s0 - rho, s0 + rho]; the angle between c and c0 has
+// sin(angle) <= t = rho / s0 (t < 1), and ||du|| = 2 sin(angle / 2) = sqrt(2 t^2 / (1 + sqrt(1 - t^2))) =: tau
+// (tau = 2 when t >= 1); |du_r| <= tau, |u_r| <= min(1, |u0_r| + tau), ||du||_1 <= sqrt(D) tau,
+// ||u||_1 <= min(sqrt(D), ||u0||_1 + sqrt(D) tau). a decreases in q; b rises up to q = 2 eps and
+// falls after it, so its range over [q_lo, q_hi] is [min(b(q_lo), b(q_hi)), b(clamp(2 eps))].
+// Every value is an interval evaluation or rounded outward.
+double LayerNormVariationInfUp(const LayerNormParams& ln, const Eigen::RowVectorXd& yc, double rho) {
+  const int d = int(yc.size());
+  if (d == 0) return 0.0;
+  if (!(rho >= 0) || !std::isfinite(rho) || !(ln.eps >= 0)) return kInf;
+  const LayerNormRowEnclosure r = EncloseLayerNormRow(ln, yc);
+  double s_lo2 = 0, s_hi2 = 0, c1 = 0;
+  for (const Interval& c : r.centred) {
+    if (!std::isfinite(c.lo) || !std::isfinite(c.hi)) return kInf;
+    s_lo2 = AddDown(s_lo2, MulDown(c.Mig(), c.Mig()));
+    s_hi2 = AddUp(s_hi2, MulUp(c.Mag(), c.Mag()));
+    c1 = AddUp(c1, c.Mag());
+  }
+  const double s0_lo = SqrtDown(s_lo2), s0_hi = SqrtUp(s_hi2);
+  const double s_lo = std::max(0.0, SubDown(s0_lo, rho)), s_hi = AddUp(s0_hi, rho);
+  if (!std::isfinite(s_hi)) return kInf;
+  const Interval dd(double(d)), eps(ln.eps);
+  const auto q_of = [&](const Interval& s) { return Sqr(s) / dd; };
+  const double q_lo = q_of(Interval(s_lo)).lo, q_hi = q_of(Interval(s_hi)).hi;
+  if (!(AddDown(q_lo, ln.eps) > 0)) return kInf;  // the variance may vanish: no finite bound
+  const auto a_of = [&](double q_from, double q_to) { return InvSqrt(Interval(q_from, q_to) + eps); };
+  const auto b_of = [&](double q_from, double q_to) {
+    const Interval q(q_from, q_to), inv = InvSqrt(q + eps);
+    return q * (inv * inv * inv);
+  };
+  const Interval q0 = q_of(Interval(s0_lo, s0_hi));
+  // |a - a0|: a decreasing in q.
+  const Interval a0 = a_of(q0.lo, q0.hi);
+  const double da = std::max({SubUp(a_of(q_lo, q_lo).hi, a0.lo), SubUp(a0.hi, a_of(q_hi, q_hi).lo), 0.0});
+  // |b - b0|: b's range over [q_lo, q_hi] (peak at q = 2 eps).
+  const double q_peak = std::clamp(2.0 * ln.eps, q_lo, q_hi);
+  const double b_max = b_of(q_peak, q_peak).hi;
+  const double b_min = std::max(0.0, std::min(b_of(q_lo, q_lo).lo, b_of(q_hi, q_hi).lo));
+  const Interval b0 = b_of(q0.lo, q0.hi);
+  const double db = std::max({SubUp(b_max, b0.lo), SubUp(b0.hi, b_min), 0.0});
+  if (!std::isfinite(da) || !std::isfinite(db) || !std::isfinite(b_max) || !std::isfinite(b0.hi)) return kInf;
+  // The turn of u.
+  double tau = 2.0;
+  if (s0_lo > 0) {
+    const double t = DivUp(rho, s0_lo);
+    if (t < 1) {
+      const double t2 = MulUp(t, t);
+      const double den = AddDown(1.0, SqrtDown(std::max(0.0, SubDown(1.0, t2))));
+      tau = std::min(2.0, SqrtUp(DivUp(MulUp(2.0, t2), den)));
+    }
+  }
+  const double sqrt_d = SqrtUp(double(d));
+  const double u0_l1 = s0_lo > 0 ? std::min(sqrt_d, DivUp(c1, s0_lo)) : sqrt_d;
+  const double u_l1 = std::min(sqrt_d, AddUp(u0_l1, MulUp(sqrt_d, tau)));
+  const double du_l1 = std::min(MulUp(sqrt_d, tau), AddUp(u_l1, u0_l1));
+  const double radial = MulUp(da, DivUp(2.0 * double(d - 1), double(d)));
+  double out = 0;
+  for (int a = 0; a < d; ++a) {
+    const double mu0 = s0_lo > 0 ? std::min(1.0, DivUp(r.centred[size_t(a)].Mag(), s0_lo)) : 1.0;  // >= |u0_r|
+    const double mu = std::min(1.0, AddUp(mu0, tau));                                               // >= |u_r|
+    const double du = std::min(tau, AddUp(1.0, mu0));                                               // >= |du_r|
+    const double turn = std::min(AddUp(MulUp(du, u_l1), MulUp(mu0, du_l1)), AddUp(MulUp(du, u0_l1), MulUp(mu, du_l1)));
+    const double centre_first = AddUp(MulUp(b0.hi, turn), MulUp(db, MulUp(mu, u_l1)));
+    const double moved_first = AddUp(MulUp(b_max, turn), MulUp(db, MulUp(mu0, u0_l1)));
+    const double row = MulUp(std::fabs(ln.gamma(a)), AddUp(radial, std::min(centre_first, moved_first)));
+    out = std::max(out, row);
+  }
+  return out;
+}
+
 // J_LN(x0) = diag(gamma) (I - 11^T/D - xhat xhat^T / D) / sigma0, enclosed as
 // diag(gamma s) - U V^T with s = 1/sigma0, U = [gamma s / D, gamma s xhat / D] and
 // V = [1, xhat] (D x 2): one enclosed rank-2 product (O(D^2) vectorised work) instead of
