@@ -182,13 +182,17 @@ TEST(LayerNormCoverTest, InfVariationHoldsOverTheBall) {
   }
   EXPECT_GT(checked, 10 * cases);
   EXPECT_EQ(cases == 0, checked == 0);
+  // Not vacuous: on some case a sample reaches 0.8 of the bound (0.925 at the default scale),
+  // so the bound at 0.8x of its value fails this test.
+  if (cases >= 60) EXPECT_GT(worst_ratio, 0.8);
   std::printf("largest sampled / bound: %.3f\n", worst_ratio);
 }
 
-// At a radius of 1e-3 of the centred norm the bound is within 2.5x of the largest sampled
-// variation (the turn toward one coordinate nearly attains the turn term), and at D >= 64 it
-// is below sqrt(D) times the 2-norm bound LayerNormVariationUp by a margin (about 2.5x on a
-// Gaussian centre, since its rows use ||u0||_1 < sqrt(D)).
+// At a radius of 1e-3 of the centred norm the bound is within 1.6x of the largest sampled
+// variation (1.32 measured: the turn toward one coordinate nearly attains the turn term), and
+// at D >= 64 it is below 0.6 times sqrt(D) times the 2-norm bound LayerNormVariationUp (0.51
+// measured on Gaussian centres: its rows use ||u0||_1 < sqrt(D) and take the radial change
+// and the turn together).
 TEST(LayerNormCoverTest, InfVariationIsTightAtSmallRadiusAndBelowTheTwoNormRoute) {
   std::mt19937_64 rng(29);
   const long cases = std::max(testing::Count(12), 3L);
@@ -206,7 +210,7 @@ TEST(LayerNormCoverTest, InfVariationIsTightAtSmallRadiusAndBelowTheTwoNormRoute
     const double two_norm_route = SqrtUp(double(d)) * LayerNormVariationUp(c.ln, c.yc, rho);
     largest_gap = std::max(largest_gap, bound / best);
     largest_vs_two = std::max(largest_vs_two, bound / two_norm_route);
-    EXPECT_LE(bound, 2.5 * best) << "case " << t << " d " << d;
+    EXPECT_LE(bound, 1.6 * best) << "case " << t << " d " << d;
     EXPECT_LE(bound, 0.6 * two_norm_route) << "case " << t << " d " << d;
   }
   std::printf("bound / largest sampled: %.3f; bound / (sqrt(D) x 2-norm bound): %.3f\n", largest_gap, largest_vs_two);
