@@ -355,6 +355,8 @@ TEST(CentredEngineTest, RowVariationBoundsEachTokensRowsInTheInfNorm) {
   EXPECT_GT(with_ln, 0);
   EXPECT_GT(causal, 0);
   EXPECT_GT(below_route, 0);
+  // Not vacuous: some token's sampled motion reaches half its entry (0.73 at the default scale).
+  if (cases >= 80) EXPECT_GT(closest, 0.5);
   std::printf("largest exact / row_variation: %.3g\n", closest);
 }
 

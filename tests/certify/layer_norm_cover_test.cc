@@ -216,5 +216,28 @@ TEST(LayerNormCoverTest, InfVariationIsTightAtSmallRadiusAndBelowTheTwoNormRoute
   std::printf("bound / largest sampled: %.3f; bound / (sqrt(D) x 2-norm bound): %.3f\n", largest_gap, largest_vs_two);
 }
 
+// At radius 0 the bound is the centre's rounding only; on a constant centre (the variance is
+// eps alone) it stays finite and above the sampled variation; a vanishing variance (eps = 0
+// and a ball reaching the constant row) gives +inf; an empty row gives 0.
+TEST(LayerNormCoverTest, InfVariationEdgeCases) {
+  std::mt19937_64 rng(31);
+  LnCase c = RandomLnCase(rng, 16, 2);
+  EXPECT_LE(LayerNormVariationInfUp(c.ln, c.yc, 0.0), 1e-12 * c.ln.gamma.cwiseAbs().maxCoeff() / std::sqrt(c.ln.eps));
+  LnCase flat = c;
+  flat.yc.setConstant(0.25);
+  flat.ln.eps = 1e-5;
+  const double bound = LayerNormVariationInfUp(flat.ln, flat.yc, 1e-3);
+  ASSERT_TRUE(std::isfinite(bound));
+  int checked = 0;
+  for (const Eigen::RowVectorXd& y : BallSamples(rng, flat, 1e-3, 6)) {
+    EXPECT_LE(ExactInfVariation(flat.ln, y, flat.yc) * (1 - 1e-13), bound);
+    ++checked;
+  }
+  EXPECT_EQ(checked, 6);
+  flat.ln.eps = 0;
+  EXPECT_EQ(LayerNormVariationInfUp(flat.ln, flat.yc, 1e-3), kInf);
+  EXPECT_EQ(LayerNormVariationInfUp(c.ln, Eigen::RowVectorXd(0), 1.0), 0.0);
+}
+
 }  // namespace
 }  // namespace lipcert
