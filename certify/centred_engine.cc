@@ -216,10 +216,12 @@ namespace {
 // sums of the block bounds of J(X) - J(X0) (columns scaled by ell), with the rows of dP and
 // P0 on the simplex (see SimplexWeightedSumUp). Each head's share is computed on its own
 // thread and the shares are added in head order (the same bound for any threads).
+// value_row(i) >= the value path's row i alone, sum_j |dP_ij| ||W_h||_p ell_j with the
+// rows of dP on the simplex (caps w_ij, total 2).
 struct HeadShare {
   double kron = 0;
   Eigen::MatrixXd full, rd;
-  Eigen::VectorXd row_sum;
+  Eigen::VectorXd row_sum, value_row;
 };
 
 // One head's factors: over the cover (F) and at the centre (F0), its geometry G, and the
@@ -287,6 +289,7 @@ void AddRowShare(const HeadFactors& hf, const MhaInput& in, bool causal, const E
   const double row = AddUp(AddUp(SimplexWeightedSumUp(w_i, cw_t, len, 2.0), SimplexWeightedSumUp(p0_i, cp_t, len)),
                            AddUp(SimplexWeightedSumUp(w_i, cw_e, len, 2.0), SimplexWeightedSumUp(p0_i, cp_e, len)));
   share->row_sum(i) = AddUp(share->row_sum(i), row);
+  share->value_row(i) = AddUp(share->value_row(i), MulUp(G.w_norm, SimplexWeightedSumUp(w_i, in.ell, len, 2.0)));
 }
 
 // One head's share of the first-order variation; false where the deadline passed (or a stop
@@ -296,6 +299,7 @@ bool HeadShareOver(const HeadGeometry& G, const FactorBounds& F, const FactorBou
   share->full = Eigen::MatrixXd::Zero(n, n);
   share->rd = Eigen::MatrixXd::Zero(n, n);
   share->row_sum = Eigen::VectorXd::Zero(n);
+  share->value_row = Eigen::VectorXd::Zero(n);
   const HeadFactors hf{G, F, F0, DescendingRowOrders(G.du), DescendingRowOrders(G.dot ? G.db : G.dg)};
   const Eigen::MatrixXd w = SoftmaxMotionUp(F, F0, n);
   share->kron = MulUp(NonnegNormUp(w, PrimalNorm(opts.norm)), G.w_norm);
@@ -312,15 +316,41 @@ HeadShare SumShares(const std::vector<HeadShare>& shares, int n) {
   sum.full = Eigen::MatrixXd::Zero(n, n);
   sum.rd = Eigen::MatrixXd::Zero(n, n);
   sum.row_sum = Eigen::VectorXd::Zero(n);
+  sum.value_row = Eigen::VectorXd::Zero(n);
   for (const HeadShare& share : shares) {
     sum.kron = AddUp(sum.kron, share.kron);
     for (Eigen::Index e = 0; e < sum.full.size(); ++e) {
       sum.full.data()[e] = AddUp(sum.full.data()[e], share.full.data()[e]);
       sum.rd.data()[e] = AddUp(sum.rd.data()[e], share.rd.data()[e]);
     }
-    for (int i = 0; i < n; ++i) sum.row_sum(i) = AddUp(sum.row_sum(i), share.row_sum(i));
+    for (int i = 0; i < n; ++i) {
+      sum.row_sum(i) = AddUp(sum.row_sum(i), share.row_sum(i));
+      sum.value_row(i) = AddUp(sum.value_row(i), share.value_row(i));
+    }
   }
   return sum;
+}
+
+// Per output token i, in the inf norm: >= sup ||(J(X) - J(X0))_i||_inf. Every first-order
+// inf route is a maximum over block rows of a bound on one block row (||A_i||_inf <=
+// sum_j ||A_ij||_inf for the D x D blocks, the columns of block j scaled by ell_j), so each
+// one's row i bounds block row i: the block-row sum row_sum(i); the joint block bounds
+// sum_j (full_ij + rd_ij) ell_j; the value path's row (sum_j full_ij ell_j, or value_row(i)
+// on the simplex) plus the logit path's row sum_j rd_ij ell_j. And ||A_i||_inf <= ||A||_inf,
+// so `variation` caps each entry.
+Eigen::VectorXd RowVariationUp(const HeadShare& sum, const MhaInput& in, int n, double variation) {
+  Eigen::VectorXd out(n);
+  for (int i = 0; i < n; ++i) {
+    double value = 0, logit = 0, joint = 0;
+    for (int j = 0; j < n; ++j) {
+      value = AddUp(value, MulUp(sum.full(i, j), in.ell(j)));
+      logit = AddUp(logit, MulUp(sum.rd(i, j), in.ell(j)));
+      joint = AddUp(joint, MulUp(AddUp(sum.full(i, j), sum.rd(i, j)), in.ell(j)));
+    }
+    const double split = AddUp(std::min(value, sum.value_row(i)), logit);
+    out(i) = std::min({sum.row_sum(i), joint, split, variation});
+  }
+  return out;
 }
 
 // The first-order candidates from the summed shares.
@@ -434,7 +464,8 @@ CentredVariation CentredVariationBound(const AttentionLayer& L, const TokenCover
     if (!HeadShareOver(geo[h], F, centre[h], in, n, L.causal, opts, &shares[h])) late = true;
   });
   if (late) return v;
-  const FirstOrderVariation first = FirstOrderVariationUp(SumShares(shares, n), in, p, n);
+  const HeadShare summed = SumShares(shares, n);
+  const FirstOrderVariation first = FirstOrderVariationUp(summed, in, p, n);
   const double ell_max = in.ell.maxCoeff();
   // T(1) refines its columns, once they start, for at most a fifth of the time left (the
   // nodes: their tenth), and not past refine_until; with up_to_refine_until, for 0.65 of the
@@ -455,6 +486,7 @@ CentredVariation CentredVariationBound(const AttentionLayer& L, const TokenCover
                                                    row_weights));
   }
   NameVariation(first, second, second_order, ell_max, p, &v);
+  if (p == NormKind::kLinf) v.row_variation = RowVariationUp(summed, in, n, v.variation.value());
   v.complete = true;
   return v;
 }

@@ -47,6 +47,12 @@ struct CentredVariation {
   int second_order_nodes = 0;             // nodes of the second order's integral (s = 1 included)
   bool heads_apart = false;               // the second order took the heads apart (Wo = I, times ||Wo||)
   bool complete = false;
+  // In the inf norm (opts.norm == kLinf) and when complete, one entry per output token i:
+  // row_variation(i) >= sup over the cover of ||(J_M(z) - J_M(zc))_i||_inf, (.)_i token i's D
+  // rows (LayerNorm factors included as in `variation`): the first-order routes restricted to
+  // block row i (docs/engines.md, "Per output token in the inf norm"), each at most
+  // `variation`. Empty otherwise.
+  Eigen::VectorXd row_variation;
 };
 // The second order's optional refinements (T(1)'s columns, the nodes of the integral) end
 // by refine_until too, where the caller keeps the time after it for other work. They take

@@ -8,6 +8,13 @@
 
 namespace lipcert {
 
+namespace {
+// Sectors of the ball by the step's component along the centre's direction
+// (LayerNormVariationInfUp).
+constexpr int kInfVariationSectors = 32;
+double Sq(double x) { return MulUp(x, x); }
+}  // namespace
+
 // sup ||J_LN(x)||_inf over a token's ball of radius rho around x0, where c are the centred
 // entries of x0 and sigma >= sigma_lo. Row a of J_LN is gamma_a (e_a - 1/D - xhat_a xhat / D) / sigma,
 // whose l1 norm is at most |gamma_a| (2 + |xhat_a| ||xhat||_1 / D) / sigma. Centring is an
@@ -24,6 +31,105 @@ double LayerNormInfNormUp(const LayerNormParams& ln, const std::vector<Interval>
   for (int a = 0; a < d; ++a) {
     const double coupling = std::min(cap, DivUp(MulUp(AddUp(c[a].Mag(), rho), l1), denom));
     out = std::max(out, DivUp(MulUp(std::fabs(ln.gamma(a)), AddUp(2.0, coupling)), sigma_lo));
+  }
+  return out;
+}
+
+// sup over ||y - yc||_2 <= rho of ||J_LN(y) - J_LN(yc)||_inf, row by row. With c the centred
+// y, s = ||c||, u = c / s, q = s^2 / D, a = (q + eps)^(-1/2), b = q (q + eps)^(-3/2):
+// J_LN(y) = diag(gamma) (a Pi - b u u^T), Pi = I - 11^T/D, so row r of the difference is
+//   gamma_r [(a - a0)(e_r - 1/D) - (b u_r u - b0 u0_r u0)],
+// and ||e_r - 1/D||_1 = 2 (D - 1) / D. The rank-one part splits two ways,
+//   b0 (u_r u - u0_r u0) + (b - b0) u_r u   or   b (u_r u - u0_r u0) + (b - b0) u0_r u0,
+// and with du = u - u0, u_r u - u0_r u0 = du_r u + u0_r du = du_r u0 + u_r du
+// = du_r u0 + u0_r du + du_r du; every split is a bound, the smallest is taken. In the last,
+// |du_r| = x and ||du||_1 <= x + sqrt(D - 1) sqrt(tau^2 - x^2) give
+// x (||u0||_1 + |u0_r|) + |u0_r| sqrt(D - 1) sqrt(tau^2 - x^2) <= tau hypot(||u0||_1 + |u0_r|, |u0_r| sqrt(D - 1)).
+// The ranges: centring is an orthogonal projection, so c = c0 + e with ||e|| <= rho. The
+// ball is cut into sectors by e's component along u0, e.u0 in rho [k1, k2]: there
+// p = c.u0 in [s0 + rho k1, s0 + rho k2], the orthogonal part ||e_perp|| <= w = rho sqrt(1 - min k^2),
+// s = sqrt(p^2 + ||e_perp||^2), and for p > 0 ||du||^2 = 2 (1 - p / s) = 2 ||e_perp||^2 / (s (s + p)),
+// increasing in ||e_perp|| and decreasing in p, so ||du|| <= tau = sqrt(2 w^2 / (S (S + p_lo))),
+// S = sqrt(p_lo^2 + w^2) (tau = 2 where p may be <= 0). So the radial change and the turn are
+// taken together per sector, not both at their largest. a decreases in q; b rises up to
+// q = 2 eps and falls after it, so over [q_lo, q_hi] its range is
+// [min(b(q_lo), b(q_hi)), b(clamp(2 eps))]. Every value is an interval evaluation or rounded outward.
+double LayerNormVariationInfUp(const LayerNormParams& ln, const Eigen::RowVectorXd& yc, double rho) {
+  const int d = int(yc.size());
+  if (d == 0) return 0.0;
+  if (!(rho >= 0) || !std::isfinite(rho) || !(ln.eps >= 0)) return kInf;
+  const LayerNormRowEnclosure r = EncloseLayerNormRow(ln, yc);
+  double s_lo2 = 0, s_hi2 = 0, c1 = 0;
+  for (const Interval& c : r.centred) {
+    if (!std::isfinite(c.lo) || !std::isfinite(c.hi)) return kInf;
+    s_lo2 = AddDown(s_lo2, MulDown(c.Mig(), c.Mig()));
+    s_hi2 = AddUp(s_hi2, MulUp(c.Mag(), c.Mag()));
+    c1 = AddUp(c1, c.Mag());
+  }
+  const double s0_lo = SqrtDown(s_lo2), s0_hi = SqrtUp(s_hi2);
+  const double ball_lo = std::max(0.0, SubDown(s0_lo, rho)), ball_hi = AddUp(s0_hi, rho);
+  if (!std::isfinite(ball_hi)) return kInf;
+  const Interval dd{double(d)}, eps{ln.eps};
+  const auto q_of = [&](const Interval& s) { return Sqr(s) / dd; };
+  if (!(AddDown(q_of(Interval(ball_lo)).lo, ln.eps) > 0)) return kInf;  // the variance may vanish
+  const auto a_of = [&](double q_from, double q_to) { return InvSqrt(Interval(q_from, q_to) + eps); };
+  const auto b_of = [&](double q_from, double q_to) {
+    const Interval q(q_from, q_to), inv = InvSqrt(q + eps);
+    return q * (inv * inv * inv);
+  };
+  const Interval q0 = q_of(Interval(s0_lo, s0_hi));
+  const Interval a0 = a_of(q0.lo, q0.hi), b0 = b_of(q0.lo, q0.hi);
+  const double sqrt_d = SqrtUp(double(d)), sqrt_d1 = SqrtUp(double(d - 1));
+  const double u0_l1 = s0_lo > 0 ? std::min(sqrt_d, DivUp(c1, s0_lo)) : sqrt_d;  // >= ||u0||_1
+  const double pi_row = DivUp(2.0 * double(d - 1), double(d));
+  std::vector<double> u0_mag(static_cast<size_t>(d));  // >= |u0_r|
+  for (int a = 0; a < d; ++a) u0_mag[size_t(a)] = s0_lo > 0 ? std::min(1.0, DivUp(r.centred[size_t(a)].Mag(), s0_lo)) : 1.0;
+  // The largest row bound where s lies in [s_lo, s_hi] and ||u - u0|| <= tau.
+  const auto rows_up = [&](double s_lo, double s_hi, double tau) {
+    s_lo = std::max(s_lo, ball_lo), s_hi = std::min(s_hi, ball_hi);
+    if (s_lo > s_hi) return 0.0;  // (only by rounding: the sector meets the ball)
+    tau = std::min(tau, 2.0);
+    const double q_lo = q_of(Interval(s_lo)).lo, q_hi = q_of(Interval(s_hi)).hi;
+    const double da = std::max({SubUp(a_of(q_lo, q_lo).hi, a0.lo), SubUp(a0.hi, a_of(q_hi, q_hi).lo), 0.0});
+    const double q_peak = std::clamp(2.0 * ln.eps, q_lo, q_hi);
+    const double b_max = b_of(q_peak, q_peak).hi;
+    const double b_min = std::max(0.0, std::min(b_of(q_lo, q_lo).lo, b_of(q_hi, q_hi).lo));
+    const double db = std::max({SubUp(b_max, b0.lo), SubUp(b0.hi, b_min), 0.0});
+    if (!std::isfinite(da) || !std::isfinite(db) || !std::isfinite(b_max) || !std::isfinite(b0.hi)) return kInf;
+    const double u_l1 = std::min(sqrt_d, AddUp(u0_l1, MulUp(sqrt_d, tau)));  // >= ||u||_1
+    const double du_l1 = std::min(MulUp(sqrt_d, tau), AddUp(u_l1, u0_l1));   // >= ||du||_1
+    const double radial = MulUp(da, pi_row);
+    double out = 0;
+    for (int a = 0; a < d; ++a) {
+      const double m0 = u0_mag[size_t(a)];
+      const double mu = std::min(1.0, AddUp(m0, tau));  // >= |u_r|
+      const double du = std::min(tau, AddUp(1.0, m0));  // >= |du_r|
+      const double hyp = SqrtUp(AddUp(Sq(AddUp(u0_l1, m0)), Sq(MulUp(m0, sqrt_d1))));
+      const double turn = std::min({AddUp(MulUp(du, u_l1), MulUp(m0, du_l1)), AddUp(MulUp(du, u0_l1), MulUp(mu, du_l1)),
+                                    AddUp(MulUp(tau, hyp), MulUp(du, du_l1))});
+      const double centre_first = AddUp(MulUp(b0.hi, turn), MulUp(db, MulUp(mu, u_l1)));
+      const double moved_first = AddUp(MulUp(b_max, turn), MulUp(db, MulUp(m0, u0_l1)));
+      out = std::max(out, MulUp(std::fabs(ln.gamma(a)), AddUp(radial, std::min(centre_first, moved_first))));
+    }
+    return out;
+  };
+  if (!(s0_lo > 0)) return rows_up(ball_lo, ball_hi, 2.0);
+  double out = 0;
+  for (int k = 0; k < kInfVariationSectors; ++k) {
+    // e.u0 in rho [k1, k2] (k1, k2 exact: multiples of 2 / kInfVariationSectors).
+    const double k1 = -1.0 + 2.0 * k / kInfVariationSectors, k2 = -1.0 + 2.0 * (k + 1) / kInfVariationSectors;
+    const double p_lo = AddDown(s0_lo, MulDown(rho, k1)), p_hi = AddUp(s0_hi, MulUp(rho, k2));
+    const double k_min = k1 <= 0 && k2 >= 0 ? 0.0 : std::min(std::fabs(k1), std::fabs(k2));
+    const double w = MulUp(rho, SqrtUp(std::max(0.0, SubUp(1.0, MulDown(k_min, k_min)))));
+    const double s_lo = p_lo > 0 ? p_lo : p_hi < 0 ? -p_hi : 0.0;
+    const double p_abs = std::max(std::fabs(p_lo), std::fabs(p_hi));
+    const double s_hi = SqrtUp(AddUp(MulUp(p_abs, p_abs), MulUp(w, w)));
+    double tau = 2.0;
+    if (p_lo > 0) {
+      const double big_s = SqrtDown(AddDown(MulDown(p_lo, p_lo), MulDown(w, w)));
+      tau = SqrtUp(DivUp(MulUp(2.0, MulUp(w, w)), MulDown(big_s, AddDown(big_s, p_lo))));
+    }
+    out = std::max(out, rows_up(s_lo, s_hi, tau));
   }
   return out;
 }

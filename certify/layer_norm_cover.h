@@ -36,6 +36,15 @@ MhaInput MhaInputOver(const AttentionLayer& layer, const TokenCover& cover, Norm
 // centred entries of x0 and sigma_lo <= sigma over the ball.
 double LayerNormInfNormUp(const LayerNormParams& ln, const std::vector<Interval>& c, double rho, double sigma_lo);
 
+// >= sup over ||y - yc||_2 <= rho of ||J_LN(y) - J_LN(yc)||_inf for one token (D entries),
+// row by row (docs/engines.md, "The LayerNorm's variation in the inf norm"): row r is
+// |gamma_r| times the l1 norm of (a - a0)(e_r - 1/D) - (b u_r u - b0 u0_r u0), with the radial
+// ranges of a = 1/sigma and b = s^2 / (D sigma^3) and the turn of the unit centred vector u
+// (per coordinate and in l1) taken together on each of 32 sectors of the ball (cut by the step's
+// component along the centre's direction), the largest over the sectors. +inf where the
+// variance may vanish over the ball (eps = 0) or the centre has no finite enclosure.
+double LayerNormVariationInfUp(const LayerNormParams& ln, const Eigen::RowVectorXd& yc, double rho);
+
 // The cover of the MHA input z (LN(X) for the sublayer, else X) implied by a cover of X;
 // *ell_max (if non-null) receives an upper bound on sup ||J_LN||_2 over the set (1 without
 // LayerNorm).

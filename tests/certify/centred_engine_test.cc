@@ -4,6 +4,8 @@
 
 #include <Eigen/SVD>
 
+#include <cstdio>
+
 #include "certify/centred_engine.h"
 
 #include "tests/certify/engine_cases.h"
@@ -269,6 +271,93 @@ TEST(CentredEngineTest, CostEstimateGrowsWithSize) {
   EXPECT_GT(small, 0);
   EXPECT_GT(big, 3.9 * small);
   EXPECT_LT(big, 9 * small);
+}
+
+
+// (J_M(z) - J_M(zc)) J_LN(x) at 256 bits, rounded to double: with a pre-LN, z = LN(x), J_M the
+// MHA alone's Jacobian and zc the z-cover's centre; without one, J(x) - J(zc).
+Eigen::MatrixXd MhaMotionMp(const AttentionLayer& L, const Eigen::MatrixXd& x, const Eigen::MatrixXd& zc) {
+  AttentionLayer mha = L;
+  mha.layer_norm.reset();
+  const MpMat xm = ToMp(x);
+  const int n = int(x.rows()), d = int(x.cols());
+  MpMat z = xm, jln = MpMat::Identity(n * d, n * d);
+  if (L.layer_norm) {
+    const LayerState<mpfr::mpreal> st = Evaluate(L, xm);
+    z = st.z;
+    for (int c = 0; c < n * d; ++c) {
+      MpMat e = MpMat::Zero(n, d);
+      e(c / d, c % d) = 1;
+      const MpMat col = detail::LayerNormJvp(*L.layer_norm, st.ln, e);
+      for (int r = 0; r < n * d; ++r) jln(r, c) = col(r / d, r % d);
+    }
+  }
+  const MpMat dj = (DenseJacobian<mpfr::mpreal>(mha, z) - DenseJacobian<mpfr::mpreal>(mha, ToMp(zc))) * jln;
+  Eigen::MatrixXd out(dj.rows(), dj.cols());
+  for (Eigen::Index r = 0; r < dj.rows(); ++r)
+    for (Eigen::Index c = 0; c < dj.cols(); ++c) out(r, c) = dj(r, c).toDouble();
+  return out;
+}
+
+// In the inf norm, row_variation(i) stays above the 256-bit ||(J_M(z) - J_M(zc)) J_LN(x)||_inf
+// restricted to output token i's D rows at points of the set (dot and l2, causal or not, with
+// and without a pre-LN, sharp softmax rows included), each entry is at most the variation, and
+// their largest is at most the block-row sums route.
+TEST(CentredEngineTest, RowVariationBoundsEachTokensRowsInTheInfNorm) {
+  mpfr::mpreal::set_default_prec(256);
+  std::mt19937_64 rng(89);
+  const int cases = int(80 * TestScale());
+  int points = 0, dot = 0, l2 = 0, with_ln = 0, causal = 0, below_route = 0;
+  double closest = 0;
+  for (int t = 0; t < cases; ++t) {
+    Case c = RandomCase(rng);
+    const double sharp = 1.0 + 3.0 * std::uniform_real_distribution<double>(0.0, 1.0)(rng);
+    c.layer.wq *= sharp;
+    c.layer.wk *= sharp;  // (l2: wk == wq)
+    (c.layer.kind == AttentionKind::kDot ? dot : l2) += 1;
+    with_ln += bool(c.layer.layer_norm);
+    causal += c.layer.causal;
+    BoundOptions o;
+    o.norm = NormKind::kLinf;
+    const CentredVariation v = CentredVariationBound(c.layer, CoverOf(c.set), o);
+    ASSERT_TRUE(v.complete);
+    const int n = c.set.tokens(), d = c.layer.d_model;
+    ASSERT_EQ(v.row_variation.size(), n) << "case " << t;
+    double route = -1;
+    for (const BoundTerm& term : v.alternatives)
+      if (term.name == "variation, block-row sums") route = term.value.value();
+    ASSERT_GE(route, 0.0) << "case " << t << ": no block-row sums candidate";
+    EXPECT_LE(v.row_variation.maxCoeff(), route) << "case " << t;
+    below_route += v.row_variation.maxCoeff() < route;
+    for (int i = 0; i < n; ++i) {
+      EXPECT_GE(v.row_variation(i), 0.0);
+      EXPECT_LE(v.row_variation(i), v.variation.value()) << "case " << t << " row " << i;
+    }
+    for (int s = 0; s < 5; ++s) {
+      const Eigen::MatrixXd x = SamplePoint(rng, c.set, s % 3 != 2);
+      const Eigen::MatrixXd motion = MhaMotionMp(c.layer, x, v.in.zc);
+      for (int i = 0; i < n; ++i) {
+        const double exact = motion.middleRows(i * d, d).cwiseAbs().rowwise().sum().maxCoeff();
+        EXPECT_LE(exact * (1 - 1e-12), v.row_variation(i))
+            << "case " << t << " sample " << s << " row " << i << " kind " << AttentionKindToString(c.layer.kind)
+            << " ln " << bool(c.layer.layer_norm) << " causal " << c.layer.causal;
+        if (v.row_variation(i) > 0) closest = std::max(closest, exact / v.row_variation(i));
+      }
+      ++points;
+    }
+  }
+  // In norm 2 there is no per-token entry.
+  Case c = RandomCase(rng);
+  EXPECT_EQ(CentredVariationBound(c.layer, CoverOf(c.set), BoundOptions{}).row_variation.size(), 0);
+  EXPECT_EQ(points, 5 * cases);
+  EXPECT_GT(dot, 0);
+  EXPECT_GT(l2, 0);
+  EXPECT_GT(with_ln, 0);
+  EXPECT_GT(causal, 0);
+  EXPECT_GT(below_route, 0);
+  // Not vacuous: some token's sampled motion reaches half its entry (0.73 at the default scale).
+  if (cases >= 80) EXPECT_GT(closest, 0.5);
+  std::printf("largest exact / row_variation: %.3g\n", closest);
 }
 
 }  // namespace
