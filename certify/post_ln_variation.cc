@@ -210,8 +210,10 @@ bool LayerNormTermsOver(const AttentionLayer& L, const TokenCover& y_cover, cons
       (*ln_var)(i) = delta2;
     } else {
       (*ln_centre)(i) = NormInfUpper(f.ln_jac[size_t(i)]).value();
-      // ||A||_inf <= sqrt(D) ||A||_2 for D x D matrices; and the triangle inequality.
-      (*ln_var)(i) = std::min(MulUp(sqrt_d, delta2), AddUp(f.ell(i), (*ln_centre)(i)));
+      // Row by row (LayerNormVariationInfUp), ||A||_inf <= sqrt(D) ||A||_2 for D x D matrices,
+      // and the triangle inequality.
+      (*ln_var)(i) = std::min({LayerNormVariationInfUp(*L.post_layer_norm, y_cover.center.row(i), y_cover.radius(i)),
+                               MulUp(sqrt_d, delta2), AddUp(f.ell(i), (*ln_centre)(i))});
     }
   }
   return true;
@@ -269,12 +271,21 @@ EngineBound PostLnVariationBound(const AttentionLayer& L, const TokenCover& cove
   }
   // The MHA variation through D(Yc): D(Yc)(J_M(X) - J_M(X0)) = blockdiag(D_i(yc_i) Wo)(J_H(X) - J_H(X0)),
   // a block-diagonal left factor either way (its norm the largest block's).
-  const double through_mha = MulUp(ln_centre.maxCoeff(), v_m);
+  // In the inf norm, token by token where MHA's rows are known: the norm is the largest row sum.
+  const bool inf_rows = in.norm == NormKind::kLinf && in.mha_row_variation_inf.size() == n;
+  const auto v_row = [&](Eigen::Index i) { return inf_rows ? std::min(v_m, in.mha_row_variation_inf(i)) : v_m; };
+  const auto u_row = [&](Eigen::Index i) {
+    return inf_rows && in.mha_row_centre_inf.size() == n ? std::min(u_m, AddUp(in.mha_row_centre_inf(i), v_row(i))) : u_m;
+  };
+  double through_mha = 0, ln_whole = 0;
+  for (Eigen::Index i = 0; i < n; ++i) {
+    through_mha = std::max(through_mha, MulUp(ln_centre(i), v_row(i)));
+    ln_whole = std::max(ln_whole, MulUp(ln_var(i), AddUp(1.0, u_row(i))));
+  }
   Eigen::VectorXd ln_wo;
   const double through_heads = ThroughHeadsUp(L, f, in, &ln_wo);
   // The LayerNorm's variation times I + J_M(X): as a whole, max_i delta_i (1 + U_M), or token by
   // token through the weighted pieces (norm 2).
-  const double ln_whole = MulUp(ln_var.maxCoeff(), AddUp(1.0, u_m));
   double ln_rows = kInf, ln_scale = kInf;
   if (in.norm == NormKind::kL2 && in.ln_row_weights.size() == n && Finite(in.ln_rows_centre) &&
       Finite(in.ln_rows_variation)) {
@@ -290,20 +301,23 @@ EngineBound PostLnVariationBound(const AttentionLayer& L, const TokenCover& cove
                                         "||diag(w)(I + J_M(X0))|| from MHA's row blocks"
                                       : "centre norm ||D(Yc)(I + J_M(X0))||",
                        centre});
-  out.terms.push_back({heads_won ? "MHA variation: max_i ||D_i(yc_i) Wo|| x sup ||J_H(X) - J_H(X0)|| (heads before Wo)"
-                                 : "MHA variation: max_i ||D_i(yc_i)|| x sup ||J_M(X) - J_M(X0)||",
+  out.terms.push_back({heads_won  ? "MHA variation: max_i ||D_i(yc_i) Wo|| x sup ||J_H(X) - J_H(X0)|| (heads before Wo)"
+                       : inf_rows ? "MHA variation: max_i ||D_i(yc_i)|| x sup ||J_{M,i}(X) - J_{M,i}(X0)|| (token i's rows)"
+                                  : "MHA variation: max_i ||D_i(yc_i)|| x sup ||J_M(X) - J_M(X0)||",
                        variation});
   out.terms.push_back(
       {rows_won ? "LN variation: max_i delta_i / w_i x (||diag(w)(I + J_M(X0))|| + sup ||diag(w)(J_M(X) - J_M(X0))||), "
                   "delta_i = sup ||D_i(y_i) - D_i(yc_i)|| over the per-token cover of Y"
+                : inf_rows ? "LN variation: max_i sup ||D_i(y_i) - D_i(yc_i)|| over the per-token cover of Y x "
+                             "(1 + sup ||J_{M,i}||) (token i's rows)"
                 : "LN variation: max_i sup ||D_i(y_i) - D_i(yc_i)|| over the per-token cover of Y x (1 + U_M)",
        through_ln});
   char how[400];
   std::snprintf(how, sizeof how,
-                "MHA term: max||D_i|| %.6g x V_M %.6g = %.6g; max||D_i Wo|| %.6g x V_H %.6g = %.6g; "
+                "MHA term%s: max||D_i|| %.6g x V_M %.6g = %.6g; max||D_i Wo|| %.6g x V_H %.6g = %.6g; "
                 "LN term: max delta_i %.6g x (1 + U_M %.6g) = %.6g; max delta_i/w_i %.6g x (%.6g + %.6g) = %.6g; "
                 "max rho_i %.6g",
-                ln_centre.maxCoeff(), v_m, through_mha, ln_wo.size() ? ln_wo.maxCoeff() : kInf,
+                inf_rows ? " and LN term token by token (rows of J_M)" : "", ln_centre.maxCoeff(), v_m, through_mha, ln_wo.size() ? ln_wo.maxCoeff() : kInf,
                 in.heads_variation.value(), through_heads, ln_var.maxCoeff(), u_m, ln_whole, ln_scale,
                 in.ln_rows_centre.value(), in.ln_rows_variation.value(), ln_rows, y_cover.radius.maxCoeff());
   out.note = how;
@@ -366,6 +380,12 @@ PostLnCentreInfBounds PostLnCentreInfNormBounds(const AttentionLayer& L, const E
   }
   const double jm_inf = NormInfUpper(jm).value();
   out.mha_upper = UpperBound(jm_inf);
+  out.mha_rows = Eigen::VectorXd::Zero(n);
+  for (Eigen::Index r = 0; r < jm.rows(); ++r) {
+    double sum = 0;
+    for (Eigen::Index c = 0; c < jm.cols(); ++c) sum = AddUp(sum, AddUp(std::fabs(jm.mid(r, c)), jm.rad(r, c)));
+    out.mha_rows(r / d) = std::max(out.mha_rows(r / d), sum);
+  }
   for (Eigen::Index i = 0; i < jm.rows(); ++i) {  // + I, the rounding of mid + 1 into the radius
     const Interval e = Interval(jm.mid(i, i)) + Interval(1.0);
     const double mid = 0.5 * e.lo + 0.5 * e.hi;
@@ -532,9 +552,20 @@ PostLnVariationInputs PostLnVariationInputsFor(const AttentionLayer& L, const In
     // MHA's variation where its pieces have none, then the heads' before Wo.
     if (!std::isfinite(in.mha_l2_variation.value()))
       in.mha_l2_variation = VariationOf(mha, cover, NormKind::kL2, threads, ShareOf(deadline, 0.3), deadline);
-    if (p == NormKind::kL2) in.mha_variation = in.mha_l2_variation;
-    else if (!std::isfinite(in.mha_variation.value()))
-      in.mha_variation = VariationOf(mha, cover, p, threads, ShareOf(deadline, 0.3), deadline);
+    if (p == NormKind::kL2) {
+      in.mha_variation = in.mha_l2_variation;
+    } else {
+      // The inf norm's variation with its rows, token by token (CentredVariation::row_variation).
+      BoundOptions bo;
+      bo.norm = p;
+      bo.threads = threads;
+      bo.deadline = deadline;
+      const CentredVariation v = CentredVariationBound(mha, cover, bo, ShareOf(deadline, 0.3));
+      if (v.complete) {
+        in.mha_variation = UpperBound(std::min(in.mha_variation.value(), v.variation.value()));
+        in.mha_row_variation_inf = v.row_variation;
+      }
+    }
     if (mha.wo.rows() == mha.d_model && mha.wo.cols() == mha.d_model) {
       // Norm 2: output token i's rows weighted by ||D_i(yc_i) Wo|| / max_k ||D_k(yc_k) Wo|| in
       // the second order (the other norms have no weighted route).
@@ -583,8 +614,9 @@ PostLnVariationInputs PostLnVariationInputsFor(const AttentionLayer& L, const In
   } else {
     const PostLnCentreInfBounds c = PostLnCentreInfNormBounds(L, set.center, inf_dense_limit, threads, deadline);
     in.centre = c.upper;
-    // The enclosure's own ||J_M(X0)||_inf is a second certified centre of MHA.
+    // The enclosure's own ||J_M(X0)||_inf is a second certified centre of MHA, and its rows token by token.
     if (c.mha_upper.value() < in.mha_centre.value()) in.mha_centre = c.mha_upper;
+    if (set.radius > 0) in.mha_row_centre_inf = c.mha_rows;
     if (inf_centre) *inf_centre = c;
   }
   return in;

@@ -64,6 +64,12 @@ struct PostLnVariationInputs {
   // +inf: not known, the term uses V_M alone.
   UpperBound heads_variation{kInf};
   Eigen::VectorXd heads_row_weights;
+  // Optional, inf norm (empty: not known): token by token, mha_row_centre_inf(i) >= ||J_{M,i}(X0)||_inf
+  // and mha_row_variation_inf(i) >= sup_S ||J_{M,i}(X) - J_{M,i}(X0)||_inf (token i's D rows). The
+  // inf norm is a largest row sum, so the MHA term is max_i ||D_i(yc_i)||_inf min(V_M, v_i) and the
+  // LayerNorm term max_i delta_i (1 + min(U_M, c_i + min(V_M, v_i))).
+  Eigen::VectorXd mha_row_centre_inf;
+  Eigen::VectorXd mha_row_variation_inf;
   // Optional, norm 2 (empty weights: not known): the LayerNorm variation's term token by token.
   // With weights w_i in [0, 1] (output token i's D rows times w_i),
   //   ln_rows_centre >= ||diag(w) (I + J_M(X0))||_2,  ln_rows_variation >= sup_S ||diag(w) (J_M(X) - J_M(X0))||_2,
@@ -129,6 +135,7 @@ struct PostLnCentreInfBounds {
   UpperBound upper{kInf};
   LowerBound lower{0.0};
   UpperBound mha_upper{kInf};
+  Eigen::VectorXd mha_rows;  // >= ||J_{M,i}(X0)||_inf per token (its D rows), from the same enclosure
   int row = -1;
   bool timed_out = false;
   std::string note;

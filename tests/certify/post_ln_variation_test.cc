@@ -342,6 +342,51 @@ TEST(PostLnVariation, LayerNormTermTokenByTokenDominatesMpfr) {
               centre_fails);
 }
 
+// The inf norm token by token: the rows of J_M(X0) (certified above the MPFR largest row sum of
+// each token's rows and within 1e-6 of it, so 0.8 of each fails), each token's variation at
+// most the whole and above the MPFR ||J_{M,i}(X) - J_{M,i}(X0)||_inf at random points, and
+// the bound's two variation terms token by token never above the whole ones.
+TEST(PostLnVariation, InfNormTokenByTokenDominatesMpfr) {
+  mpfr::mpreal::set_default_prec(256);
+  std::mt19937_64 rng(3610);
+  const long cases = testing::Count(12);
+  long points = 0, smaller = 0;
+  for (long c = 0; c < cases; ++c) {
+    const SetCase s = RandomSetCase(c, rng, -3, -1);
+    const AttentionLayer& L = s.layer;
+    const AttentionLayer mha = L.WithoutPostLayerNorm();
+    const PostLnVariationInputs in = InputsFor(L, s.set, NormKind::kLinf);
+    const int n = int(s.set.center.rows()), d = L.d_model;
+    ASSERT_EQ(in.mha_row_centre_inf.size(), n) << "case " << c;
+    ASSERT_EQ(in.mha_row_variation_inf.size(), n) << "case " << c;
+    const Eigen::MatrixXd jm0 = JacobianMp(mha, s.set.center);
+    for (int i = 0; i < n; ++i) {
+      const double exact = RowSumMax(jm0.middleRows(i * d, d));
+      EXPECT_GE(in.mha_row_centre_inf(i), exact) << "case " << c << " token " << i;
+      EXPECT_LE(in.mha_row_centre_inf(i), exact * (1 + 1e-6) + 1e-12) << "case " << c << " token " << i;
+      EXPECT_LE(in.mha_row_variation_inf(i), in.mha_variation.value()) << "case " << c << " token " << i;
+    }
+    for (int k = 0; k < 6; ++k) {
+      const Eigen::MatrixXd dj = JacobianMp(mha, RandomPointIn(s.set, rng, k % 2 ? 1.0 : 0.5)) - jm0;
+      for (int i = 0; i < n; ++i)
+        EXPECT_LE(RowSumMax(dj.middleRows(i * d, d)), in.mha_row_variation_inf(i) * (1 + 1e-9))
+            << "case " << c << " point " << k << " token " << i;
+      ++points;
+    }
+    PostLnVariationInputs whole = in;
+    whole.mha_row_centre_inf.resize(0);
+    whole.mha_row_variation_inf.resize(0);
+    const EngineBound by_rows = PostLnVariationBound(L, CoverOf(s.set), in);
+    const EngineBound b = PostLnVariationBound(L, CoverOf(s.set), whole);
+    ASSERT_TRUE(std::isfinite(by_rows.upper.value())) << "case " << c << ": " << by_rows.note;
+    EXPECT_LE(by_rows.terms.at(1).value.value(), b.terms.at(1).value.value()) << "case " << c;
+    EXPECT_LE(by_rows.terms.at(2).value.value(), b.terms.at(2).value.value()) << "case " << c;
+    if (by_rows.upper.value() < b.upper.value()) ++smaller;
+  }
+  EXPECT_EQ(points, 6 * cases);
+  EXPECT_GT(smaller, 0);
+}
+
 // The row blocks of J_M(X0): certified above the MPFR sigma_1 of each block and within 1e-6
 // of it (so 0.8 of it fails), and the cover of Y they give holds: ||y_i - yc_i|| <= rho_i at
 // random points and at the search's points of the set.
