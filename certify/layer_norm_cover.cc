@@ -226,4 +226,38 @@ TokenCover MhaInputCover(const AttentionLayer& layer, const TokenCover& cover, d
   return TokenCover{in.zc, in.rho_z, UpperBound(in.joint_z)};
 }
 
+// sup over ||y - yc|| <= rho of ||J_LN(y) - J_LN(yc)||_2 (docs/engines.md, "Post-LN variation").
+// With c the centred y, s = ||c||, u = c / s, sigma = sqrt(s^2 / D + eps), a = 1/sigma and
+// b = s^2 / (D sigma^3): J_LN(y) = diag(gamma) (a Pi - b u u^T), Pi = I - 11^T/D, u ⊥ 1. So
+//   J_LN(y) - J_LN(yc) = diag(gamma) [(a - a0)(Pi - u u^T) + ((a - b) - (a0 - b0)) u u^T - b0 (u u^T - u0 u0^T)],
+// the first two on orthogonal ranges, ||u u^T - u0 u0^T|| = sin(angle) <= rho / s0 (centring is
+// an orthogonal projection: ||c - c0|| <= rho), a and a - b = eps / sigma^3 decreasing in s,
+// s in [s0 - rho, s0 + rho]. Hence
+//   ||.|| <= max|gamma| [max(a(s0 - rho) - a0, a0 - a(s0 + rho), eps (sigma_lo^-3 - sigma_hi^-3)) + b0 min(1, rho / s0)].
+double LayerNormVariationUp(const LayerNormParams& ln, const Eigen::RowVectorXd& yc, double rho) {
+  const int d = int(yc.size());
+  const LayerNormRowEnclosure r = EncloseLayerNormRow(ln, yc);
+  double s_lo2 = 0, s_hi2 = 0;
+  for (const Interval& c : r.centred) {
+    s_lo2 = AddDown(s_lo2, MulDown(c.Mig(), c.Mig()));
+    s_hi2 = AddUp(s_hi2, MulUp(c.Mag(), c.Mag()));
+  }
+  const double s0_lo = SqrtDown(s_lo2), s0_hi = SqrtUp(s_hi2);
+  const auto sig_up = [&](double s) { return SqrtUp(AddUp(DivUp(MulUp(s, s), double(d)), ln.eps)); };
+  const auto sig_down = [&](double s) { return SqrtDown(AddDown(DivDown(MulDown(s, s), double(d)), ln.eps)); };
+  const double shrunk = std::max(0.0, SubDown(s0_lo, rho)), grown = AddUp(s0_hi, rho);
+  const double sigma_lo = sig_down(shrunk), sigma_hi = sig_up(grown);
+  const double sigma0_lo = std::max(sig_down(s0_lo), r.sigma.lo), sigma0_hi = std::min(sig_up(s0_hi), r.sigma.hi);
+  const double a_drop = SubUp(DivUp(1.0, sigma_lo), DivDown(1.0, sigma0_hi));
+  const double a_rise = SubUp(DivUp(1.0, sigma0_lo), DivDown(1.0, sigma_hi));
+  const auto cube_up = [](double x) { return MulUp(MulUp(x, x), x); };
+  const auto cube_down = [](double x) { return MulDown(MulDown(x, x), x); };
+  const double eps_part = MulUp(ln.eps, SubUp(DivUp(1.0, cube_down(sigma_lo)), DivDown(1.0, cube_up(sigma_hi))));
+  const double radial = std::max({a_drop, a_rise, eps_part, 0.0});
+  // b0 = s0^2 / (D sigma0^3) <= 1 / sigma0 (s0^2 / D <= sigma0^2).
+  const double b0 = std::min(DivUp(1.0, sigma0_lo), DivUp(MulUp(s0_hi, s0_hi), MulDown(double(d), cube_down(sigma0_lo))));
+  const double turn = s0_lo > 0 ? std::min(1.0, DivUp(rho, s0_lo)) : 1.0;
+  return MulUp(ln.gamma.cwiseAbs().maxCoeff(), AddUp(radial, MulUp(b0, turn)));
+}
+
 }  // namespace lipcert

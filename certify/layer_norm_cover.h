@@ -36,6 +36,11 @@ MhaInput MhaInputOver(const AttentionLayer& layer, const TokenCover& cover, Norm
 // centred entries of x0 and sigma_lo <= sigma over the ball.
 double LayerNormInfNormUp(const LayerNormParams& ln, const std::vector<Interval>& c, double rho, double sigma_lo);
 
+// >= sup over ||y - yc|| <= rho of ||J_LN(y) - J_LN(yc)||_2 for one token (D entries): the
+// radial change of 1/sigma and the turn of the unit centred vector, apart (docs/engines.md,
+// "Post-LN variation").
+double LayerNormVariationUp(const LayerNormParams& ln, const Eigen::RowVectorXd& yc, double rho);
+
 // >= sup over ||y - yc||_2 <= rho of ||J_LN(y) - J_LN(yc)||_inf for one token (D entries),
 // row by row (docs/engines.md, "The LayerNorm's variation in the inf norm"): row r is
 // |gamma_r| times the l1 norm of (a - a0)(e_r - 1/D) - (b u_r u - b0 u0_r u0), with the radial

@@ -48,40 +48,6 @@ void CheckLayer(const AttentionLayer& L) {
 
 }  // namespace
 
-// sup over ||y - yc|| <= rho of ||J_LN(y) - J_LN(yc)||_2 (docs/engines.md, "Post-LN variation").
-// With c the centred y, s = ||c||, u = c / s, sigma = sqrt(s^2 / D + eps), a = 1/sigma and
-// b = s^2 / (D sigma^3): J_LN(y) = diag(gamma) (a Pi - b u u^T), Pi = I - 11^T/D, u ⊥ 1. So
-//   J_LN(y) - J_LN(yc) = diag(gamma) [(a - a0)(Pi - u u^T) + ((a - b) - (a0 - b0)) u u^T - b0 (u u^T - u0 u0^T)],
-// the first two on orthogonal ranges, ||u u^T - u0 u0^T|| = sin(angle) <= rho / s0 (centring is
-// an orthogonal projection: ||c - c0|| <= rho), a and a - b = eps / sigma^3 decreasing in s,
-// s in [s0 - rho, s0 + rho]. Hence
-//   ||.|| <= max|gamma| [max(a(s0 - rho) - a0, a0 - a(s0 + rho), eps (sigma_lo^-3 - sigma_hi^-3)) + b0 min(1, rho / s0)].
-double LayerNormVariationUp(const LayerNormParams& ln, const Eigen::RowVectorXd& yc, double rho) {
-  const int d = int(yc.size());
-  const LayerNormRowEnclosure r = EncloseLayerNormRow(ln, yc);
-  double s_lo2 = 0, s_hi2 = 0;
-  for (const Interval& c : r.centred) {
-    s_lo2 = AddDown(s_lo2, MulDown(c.Mig(), c.Mig()));
-    s_hi2 = AddUp(s_hi2, MulUp(c.Mag(), c.Mag()));
-  }
-  const double s0_lo = SqrtDown(s_lo2), s0_hi = SqrtUp(s_hi2);
-  const auto sig_up = [&](double s) { return SqrtUp(AddUp(DivUp(MulUp(s, s), double(d)), ln.eps)); };
-  const auto sig_down = [&](double s) { return SqrtDown(AddDown(DivDown(MulDown(s, s), double(d)), ln.eps)); };
-  const double shrunk = std::max(0.0, SubDown(s0_lo, rho)), grown = AddUp(s0_hi, rho);
-  const double sigma_lo = sig_down(shrunk), sigma_hi = sig_up(grown);
-  const double sigma0_lo = std::max(sig_down(s0_lo), r.sigma.lo), sigma0_hi = std::min(sig_up(s0_hi), r.sigma.hi);
-  const double a_drop = SubUp(DivUp(1.0, sigma_lo), DivDown(1.0, sigma0_hi));
-  const double a_rise = SubUp(DivUp(1.0, sigma0_lo), DivDown(1.0, sigma_hi));
-  const auto cube_up = [](double x) { return MulUp(MulUp(x, x), x); };
-  const auto cube_down = [](double x) { return MulDown(MulDown(x, x), x); };
-  const double eps_part = MulUp(ln.eps, SubUp(DivUp(1.0, cube_down(sigma_lo)), DivDown(1.0, cube_up(sigma_hi))));
-  const double radial = std::max({a_drop, a_rise, eps_part, 0.0});
-  // b0 = s0^2 / (D sigma0^3) <= 1 / sigma0 (s0^2 / D <= sigma0^2).
-  const double b0 = std::min(DivUp(1.0, sigma0_lo), DivUp(MulUp(s0_hi, s0_hi), MulDown(double(d), cube_down(sigma0_lo))));
-  const double turn = s0_lo > 0 ? std::min(1.0, DivUp(rho, s0_lo)) : 1.0;
-  return MulUp(ln.gamma.cwiseAbs().maxCoeff(), AddUp(radial, MulUp(b0, turn)));
-}
-
 std::string PostLnVariationInputs::IsValid() const {
   if (norm != NormKind::kL2 && norm != NormKind::kLinf) return "norm: 2 or inf";
   const std::pair<const char*, UpperBound> fields[] = {
@@ -219,6 +185,69 @@ bool LayerNormTermsOver(const AttentionLayer& L, const TokenCover& y_cover, cons
   return true;
 }
 
+// The crude centre: ||blockdiag(D_i(yc_i)) A|| <= max_k ||D_k|| ||diag(w) A|| with
+// w_i = ||D_i|| / max_k ||D_k||, A = I + J_M(X0) (WeightedCentreUp from MHA's row blocks and centre).
+double CrudeCentreUp(const Eigen::VectorXd& ln_centre, const PostLnVariationInputs& in) {
+  const double top = ln_centre.maxCoeff();
+  Eigen::VectorXd w(ln_centre.size());
+  for (Eigen::Index i = 0; i < w.size(); ++i) w(i) = top > 0 ? std::min(1.0, DivUp(ln_centre(i), top)) : 1.0;
+  return MulUp(top, WeightedCentreUp(w, in.mha_row_centre_l2, in.mha_l2_centre.value()));
+}
+
+// The MHA term through D(Yc) and the LayerNorm term, from the LayerNorm's factors per token.
+struct LayerNormTerms {
+  double through_mha = 0;  // ||D(Yc)(J_M(X) - J_M(X0))|| <= max_i ||D_i(yc_i)|| V_M (token by token in inf)
+  double ln_whole = 0;     // max_i delta_i (1 + U_M) (token by token in inf)
+  double ln_rows = kInf;   // norm 2: max_i delta_i / w_i (ln_rows_centre + ln_rows_variation)
+  double ln_scale = kInf;  // max_i delta_i / w_i
+  bool inf_rows = false;   // the inf norm with MHA's rows
+};
+LayerNormTerms LayerNormTermsOf(const Eigen::VectorXd& ln_centre, const Eigen::VectorXd& ln_var,
+                                const PostLnVariationInputs& in, double v_m, double u_m) {
+  const Eigen::Index n = ln_centre.size();
+  LayerNormTerms t;
+  // D(Yc)(J_M(X) - J_M(X0)) has a block-diagonal left factor (its norm the largest block's); in
+  // the inf norm, token by token where MHA's rows are known: the norm is the largest row sum.
+  t.inf_rows = in.norm == NormKind::kLinf && in.mha_row_variation_inf.size() == n;
+  const auto v_row = [&](Eigen::Index i) { return t.inf_rows ? std::min(v_m, in.mha_row_variation_inf(i)) : v_m; };
+  const auto u_row = [&](Eigen::Index i) {
+    return t.inf_rows && in.mha_row_centre_inf.size() == n ? std::min(u_m, AddUp(in.mha_row_centre_inf(i), v_row(i)))
+                                                           : u_m;
+  };
+  for (Eigen::Index i = 0; i < n; ++i) {
+    t.through_mha = std::max(t.through_mha, MulUp(ln_centre(i), v_row(i)));
+    t.ln_whole = std::max(t.ln_whole, MulUp(ln_var(i), AddUp(1.0, u_row(i))));
+  }
+  // The LayerNorm's variation times I + J_M(X): as a whole, or token by token through the
+  // weighted pieces (norm 2).
+  if (in.norm == NormKind::kL2 && in.ln_row_weights.size() == n && Finite(in.ln_rows_centre) &&
+      Finite(in.ln_rows_variation)) {
+    t.ln_scale = WeightScaleUp(ln_var, in.ln_row_weights);
+    t.ln_rows = MulUp(t.ln_scale, AddUp(in.ln_rows_centre.value(), in.ln_rows_variation.value()));
+  }
+  return t;
+}
+
+// The bound's three terms, named by the route that gave each.
+std::vector<BoundTerm> NamedTerms(UpperBound centre, bool crude, UpperBound variation, bool heads_won,
+                                  UpperBound through_ln, bool rows_won, bool inf_rows) {
+  return {
+      {crude ? "centre norm ||D(Yc)(I + J_M(X0))||, crude: max_i ||D_i(yc_i)|| x ||diag(w)(I + J_M(X0))|| from MHA's "
+               "row blocks"
+             : "centre norm ||D(Yc)(I + J_M(X0))||",
+       centre},
+      {heads_won  ? "MHA variation: max_i ||D_i(yc_i) Wo|| x sup ||J_H(X) - J_H(X0)|| (heads before Wo)"
+       : inf_rows ? "MHA variation: max_i ||D_i(yc_i)|| x sup ||J_{M,i}(X) - J_{M,i}(X0)|| (token i's rows)"
+                  : "MHA variation: max_i ||D_i(yc_i)|| x sup ||J_M(X) - J_M(X0)||",
+       variation},
+      {rows_won ? "LN variation: max_i delta_i / w_i x (||diag(w)(I + J_M(X0))|| + sup ||diag(w)(J_M(X) - J_M(X0))||), "
+                  "delta_i = sup ||D_i(y_i) - D_i(yc_i)|| over the per-token cover of Y"
+       : inf_rows ? "LN variation: max_i sup ||D_i(y_i) - D_i(yc_i)|| over the per-token cover of Y x "
+                    "(1 + sup ||J_{M,i}||) (token i's rows)"
+                  : "LN variation: max_i sup ||D_i(y_i) - D_i(yc_i)|| over the per-token cover of Y x (1 + U_M)",
+       through_ln}};
+}
+
 }  // namespace
 
 EngineBound PostLnVariationBound(const AttentionLayer& L, const TokenCover& cover, const PostLnVariationInputs& in,
@@ -255,81 +284,41 @@ EngineBound PostLnVariationBound(const AttentionLayer& L, const TokenCover& cove
     out.note = "no finite enclosure of Y0";
     return out;
   }
-  // The crude centre: ||blockdiag(D_i(yc_i)) A|| <= max_k ||D_k|| ||diag(w) A|| with w_i = ||D_i|| / max_k ||D_k||,
-  // A = I + J_M(X0) (WeightedCentreUp from MHA's row blocks and centre).
   UpperBound centre = in.centre;
   if (centre_missing) {
-    const double top = ln_centre.maxCoeff();
-    Eigen::VectorXd w(n);
-    for (Eigen::Index i = 0; i < n; ++i) w(i) = top > 0 ? std::min(1.0, DivUp(ln_centre(i), top)) : 1.0;
-    centre = UpperBound(MulUp(top, WeightedCentreUp(w, in.mha_row_centre_l2, in.mha_l2_centre.value())));
+    centre = UpperBound(CrudeCentreUp(ln_centre, in));
     if (!Finite(centre)) {
       out.upper = UpperBound(kInf);
       out.note = "no certified centre norm and no finite crude one";
       return out;
     }
   }
-  // The MHA variation through D(Yc): D(Yc)(J_M(X) - J_M(X0)) = blockdiag(D_i(yc_i) Wo)(J_H(X) - J_H(X0)),
-  // a block-diagonal left factor either way (its norm the largest block's).
-  // In the inf norm, token by token where MHA's rows are known: the norm is the largest row sum.
-  const bool inf_rows = in.norm == NormKind::kLinf && in.mha_row_variation_inf.size() == n;
-  const auto v_row = [&](Eigen::Index i) { return inf_rows ? std::min(v_m, in.mha_row_variation_inf(i)) : v_m; };
-  const auto u_row = [&](Eigen::Index i) {
-    return inf_rows && in.mha_row_centre_inf.size() == n ? std::min(u_m, AddUp(in.mha_row_centre_inf(i), v_row(i))) : u_m;
-  };
-  double through_mha = 0, ln_whole = 0;
-  for (Eigen::Index i = 0; i < n; ++i) {
-    through_mha = std::max(through_mha, MulUp(ln_centre(i), v_row(i)));
-    ln_whole = std::max(ln_whole, MulUp(ln_var(i), AddUp(1.0, u_row(i))));
-  }
   Eigen::VectorXd ln_wo;
   const double through_heads = ThroughHeadsUp(L, f, in, &ln_wo);
-  // The LayerNorm's variation times I + J_M(X): as a whole, max_i delta_i (1 + U_M), or token by
-  // token through the weighted pieces (norm 2).
-  double ln_rows = kInf, ln_scale = kInf;
-  if (in.norm == NormKind::kL2 && in.ln_row_weights.size() == n && Finite(in.ln_rows_centre) &&
-      Finite(in.ln_rows_variation)) {
-    ln_scale = WeightScaleUp(ln_var, in.ln_row_weights);
-    ln_rows = MulUp(ln_scale, AddUp(in.ln_rows_centre.value(), in.ln_rows_variation.value()));
-  }
-  const bool rows_won = ln_rows < ln_whole;
-  const UpperBound through_ln(std::min(ln_whole, ln_rows));
-  const bool heads_won = through_heads < through_mha;
-  const UpperBound variation(std::min(through_mha, through_heads));
+  const LayerNormTerms t = LayerNormTermsOf(ln_centre, ln_var, in, v_m, u_m);
+  const UpperBound variation(std::min(t.through_mha, through_heads)), through_ln(std::min(t.ln_whole, t.ln_rows));
   out.upper = UpperBound(AddUp(AddUp(centre.value(), variation.value()), through_ln.value()));
-  out.terms.push_back({centre_missing ? "centre norm ||D(Yc)(I + J_M(X0))||, crude: max_i ||D_i(yc_i)|| x "
-                                        "||diag(w)(I + J_M(X0))|| from MHA's row blocks"
-                                      : "centre norm ||D(Yc)(I + J_M(X0))||",
-                       centre});
-  out.terms.push_back({heads_won  ? "MHA variation: max_i ||D_i(yc_i) Wo|| x sup ||J_H(X) - J_H(X0)|| (heads before Wo)"
-                       : inf_rows ? "MHA variation: max_i ||D_i(yc_i)|| x sup ||J_{M,i}(X) - J_{M,i}(X0)|| (token i's rows)"
-                                  : "MHA variation: max_i ||D_i(yc_i)|| x sup ||J_M(X) - J_M(X0)||",
-                       variation});
-  out.terms.push_back(
-      {rows_won ? "LN variation: max_i delta_i / w_i x (||diag(w)(I + J_M(X0))|| + sup ||diag(w)(J_M(X) - J_M(X0))||), "
-                  "delta_i = sup ||D_i(y_i) - D_i(yc_i)|| over the per-token cover of Y"
-                : inf_rows ? "LN variation: max_i sup ||D_i(y_i) - D_i(yc_i)|| over the per-token cover of Y x "
-                             "(1 + sup ||J_{M,i}||) (token i's rows)"
-                : "LN variation: max_i sup ||D_i(y_i) - D_i(yc_i)|| over the per-token cover of Y x (1 + U_M)",
-       through_ln});
+  out.terms = NamedTerms(centre, centre_missing, variation, through_heads < t.through_mha, through_ln,
+                         t.ln_rows < t.ln_whole, t.inf_rows);
   char how[400];
   std::snprintf(how, sizeof how,
                 "MHA term%s: max||D_i|| %.6g x V_M %.6g = %.6g; max||D_i Wo|| %.6g x V_H %.6g = %.6g; "
                 "LN term: max delta_i %.6g x (1 + U_M %.6g) = %.6g; max delta_i/w_i %.6g x (%.6g + %.6g) = %.6g; "
                 "max rho_i %.6g",
-                inf_rows ? " and LN term token by token (rows of J_M)" : "", ln_centre.maxCoeff(), v_m, through_mha, ln_wo.size() ? ln_wo.maxCoeff() : kInf,
-                in.heads_variation.value(), through_heads, ln_var.maxCoeff(), u_m, ln_whole, ln_scale,
-                in.ln_rows_centre.value(), in.ln_rows_variation.value(), ln_rows, y_cover.radius.maxCoeff());
+                t.inf_rows ? " and LN term token by token (rows of J_M)" : "", ln_centre.maxCoeff(), v_m, t.through_mha,
+                ln_wo.size() ? ln_wo.maxCoeff() : kInf, in.heads_variation.value(), through_heads, ln_var.maxCoeff(), u_m,
+                t.ln_whole, t.ln_scale, in.ln_rows_centre.value(), in.ln_rows_variation.value(), t.ln_rows,
+                y_cover.radius.maxCoeff());
   out.note = how;
   if (report) {
     report->y_cover = y_cover;
     report->ln_centre = ln_centre;
     report->ln_variation = ln_var;
     report->ln_wo = ln_wo;
-    report->through_mha = through_mha;
+    report->through_mha = t.through_mha;
     report->through_heads = through_heads;
-    report->ln_whole = ln_whole;
-    report->ln_rows = ln_rows;
+    report->ln_whole = t.ln_whole;
+    report->ln_rows = t.ln_rows;
   }
   return out;
 }
@@ -355,6 +344,25 @@ Eigen::VectorXd MhaRowBlockNormsUp(const AttentionLayer& mha, const Eigen::Matri
   return out;
 }
 
+namespace {
+PostLnCentreInfBounds TimedOut(PostLnCentreInfBounds out) {
+  out.timed_out = true;
+  out.note = "did not finish before its deadline";
+  return out;
+}
+
+// >= ||A_i||_inf for each token i's D rows of the enclosure (the largest upper row sum).
+Eigen::VectorXd RowBlockInfNormsUp(const IntervalMatrix& a, int n, int d) {
+  Eigen::VectorXd out = Eigen::VectorXd::Zero(n);
+  for (Eigen::Index r = 0; r < a.rows(); ++r) {
+    double sum = 0;
+    for (Eigen::Index c = 0; c < a.cols(); ++c) sum = AddUp(sum, AddUp(std::fabs(a.mid(r, c)), a.rad(r, c)));
+    out(r / d) = std::max(out(r / d), sum);
+  }
+  return out;
+}
+}  // namespace
+
 PostLnCentreInfBounds PostLnCentreInfNormBounds(const AttentionLayer& L, const Eigen::MatrixXd& x0, long dense_limit,
                                                 int threads, std::chrono::steady_clock::time_point deadline) {
   CheckLayer(L);
@@ -373,19 +381,10 @@ PostLnCentreInfBounds PostLnCentreInfNormBounds(const AttentionLayer& L, const E
   co.deadline = deadline;
   co.dense_limit = nd;
   IntervalMatrix jm = CentreJacobianEnclosure(mha, x0, co);
-  if (passed()) {
-    out.timed_out = true;
-    out.note = "did not finish before its deadline";
-    return out;
-  }
+  if (passed()) return TimedOut(out);
   const double jm_inf = NormInfUpper(jm).value();
   out.mha_upper = UpperBound(jm_inf);
-  out.mha_rows = Eigen::VectorXd::Zero(n);
-  for (Eigen::Index r = 0; r < jm.rows(); ++r) {
-    double sum = 0;
-    for (Eigen::Index c = 0; c < jm.cols(); ++c) sum = AddUp(sum, AddUp(std::fabs(jm.mid(r, c)), jm.rad(r, c)));
-    out.mha_rows(r / d) = std::max(out.mha_rows(r / d), sum);
-  }
+  out.mha_rows = RowBlockInfNormsUp(jm, n, d);
   for (Eigen::Index i = 0; i < jm.rows(); ++i) {  // + I, the rounding of mid + 1 into the radius
     const Interval e = Interval(jm.mid(i, i)) + Interval(1.0);
     const double mid = 0.5 * e.lo + 0.5 * e.hi;
@@ -425,11 +424,7 @@ PostLnCentreInfBounds PostLnCentreInfNormBounds(const AttentionLayer& L, const E
       if (down > downs[size_t(i)]) downs[size_t(i)] = down, rows[size_t(i)] = i * d + a;
     }
   });
-  if (late || passed()) {
-    out.timed_out = true;
-    out.note = "did not finish before its deadline";
-    return out;
-  }
+  if (late || passed()) return TimedOut(out);
   double upper = 0, lower = 0;
   int row = -1;
   for (int i = 0; i < n; ++i) {
@@ -485,6 +480,44 @@ Eigen::VectorXd LayerNormRowWeights(const AttentionLayer& L, const TokenCover& c
   for (Eigen::Index i = 0; i < n; ++i) w(i) = std::min(1.0, DivUp(ln_var(i), top));
   *centre = UpperBound(WeightedCentreUp(w, in.mha_row_centre_l2, in.mha_l2_centre.value()));
   return w;
+}
+
+// w_i = ||D_i(yc_i) Wo|| / max_k ||D_k(yc_k) Wo|| (norm 2) at the centre of the cover of Y;
+// empty where Y0 has no finite enclosure or every factor is 0.
+Eigen::VectorXd HeadsRowWeights(const AttentionLayer& L, const Eigen::MatrixXd& x0) {
+  const Eigen::Index n = x0.rows();
+  const TokenCover yc =
+      PostLnYCover(L, TokenCover{x0, Eigen::VectorXd::Zero(n), UpperBound(0)}, Eigen::VectorXd::Zero(n));
+  if (!yc.center.allFinite()) return {};
+  Eigen::VectorXd w = LayerNormWoNormsUp(L, PostLnFactors(L, yc, NormKind::kL2).ln_jac, NormKind::kL2);
+  const double top = w.maxCoeff();
+  if (!std::isfinite(top) || !(top > 0)) return {};
+  for (Eigen::Index i = 0; i < n; ++i) w(i) = std::min(1.0, DivUp(w(i), top));
+  return w;
+}
+
+// The LayerNorm term token by token (norm 2), in two passes: weights w from the delta_i of the
+// cover of Y, the weighted variation V^w, and from it each token's own variation
+// ||J_{M,i}(X) - J_{M,i}(X0)|| <= V^w / w_i, which narrows the cover where w_i is large; the
+// second pass weighs the narrower delta_i. Each pass's weights come with their own centre and
+// variation, so the bound holds whichever pass the time ends in.
+void AddLayerNormRows(const AttentionLayer& L, const TokenCover& cover, int threads,
+                      std::chrono::steady_clock::time_point deadline, PostLnVariationInputs* in) {
+  const AttentionLayer mha = L.WithoutPostLayerNorm();
+  for (int pass = 0; pass < 2; ++pass) {
+    UpperBound centre_w(kInf);
+    const Eigen::VectorXd w = LayerNormRowWeights(L, cover, *in, &centre_w);
+    if (!w.size()) return;
+    const UpperBound variation_w =
+        VariationOf(mha, cover, NormKind::kL2, threads, ShareOf(deadline, pass == 0 ? 0.5 : 0.85), deadline, &w);
+    if (!Finite(variation_w) || !Finite(centre_w)) return;
+    in->ln_row_weights = w;
+    in->ln_rows_centre = centre_w;
+    in->ln_rows_variation = variation_w;
+    if (in->mha_row_variation_l2.size() != w.size()) in->mha_row_variation_l2 = Eigen::VectorXd::Constant(w.size(), kInf);
+    for (Eigen::Index i = 0; i < w.size(); ++i)
+      if (w(i) > 0) in->mha_row_variation_l2(i) = std::min(in->mha_row_variation_l2(i), DivUp(variation_w.value(), w(i)));
+  }
 }
 
 }  // namespace
@@ -569,45 +602,14 @@ PostLnVariationInputs PostLnVariationInputsFor(const AttentionLayer& L, const In
     if (mha.wo.rows() == mha.d_model && mha.wo.cols() == mha.d_model) {
       // Norm 2: output token i's rows weighted by ||D_i(yc_i) Wo|| / max_k ||D_k(yc_k) Wo|| in
       // the second order (the other norms have no weighted route).
-      Eigen::VectorXd w;
-      if (p == NormKind::kL2) {
-        const TokenCover yc = PostLnYCover(L, TokenCover{set.center, Eigen::VectorXd::Zero(set.center.rows()), UpperBound(0)},
-                                           Eigen::VectorXd::Zero(set.center.rows()));
-        if (yc.center.allFinite()) {
-          w = LayerNormWoNormsUp(L, PostLnFactors(L, yc, NormKind::kL2).ln_jac, NormKind::kL2);
-          const double top = w.maxCoeff();
-          if (std::isfinite(top) && top > 0)
-            for (Eigen::Index i = 0; i < w.size(); ++i) w(i) = std::min(1.0, DivUp(w(i), top));
-          else
-            w.resize(0);
-        }
-      }
+      const Eigen::VectorXd w = p == NormKind::kL2 ? HeadsRowWeights(L, set.center) : Eigen::VectorXd();
       // In norm 2 only the bound's small per-token factors follow it; in the inf norm the
       // dense centre does, so it keeps half of the time left.
       in.heads_variation = VariationOf(HeadsBeforeWo(mha), cover, p, threads, ShareOf(deadline, 0.35), deadline,
                                        w.size() ? &w : nullptr);
       in.heads_row_weights = w;
     }
-    // The LayerNorm term token by token (norm 2), in two passes: weights w from the delta_i of
-    // the cover of Y, the weighted variation V^w, and from it each token's own variation
-    // ||J_{M,i}(X) - J_{M,i}(X0)|| <= V^w / w_i, which narrows the cover where w_i is large;
-    // the second pass weighs the narrower delta_i. Each pass's weights come with their own
-    // centre and variation, so the bound holds whichever pass the time ends in.
-    for (int pass = 0; pass < 2 && p == NormKind::kL2; ++pass) {
-      UpperBound centre_w(kInf);
-      const Eigen::VectorXd w = LayerNormRowWeights(L, cover, in, &centre_w);
-      if (!w.size()) break;
-      const UpperBound variation_w =
-          VariationOf(mha, cover, NormKind::kL2, threads, ShareOf(deadline, pass == 0 ? 0.5 : 0.85), deadline, &w);
-      if (!Finite(variation_w) || !Finite(centre_w)) break;
-      in.ln_row_weights = w;
-      in.ln_rows_centre = centre_w;
-      in.ln_rows_variation = variation_w;
-      if (in.mha_row_variation_l2.size() != w.size()) in.mha_row_variation_l2 = Eigen::VectorXd::Constant(w.size(), kInf);
-      for (Eigen::Index i = 0; i < w.size(); ++i)
-        if (w(i) > 0)
-          in.mha_row_variation_l2(i) = std::min(in.mha_row_variation_l2(i), DivUp(variation_w.value(), w(i)));
-    }
+    if (p == NormKind::kL2) AddLayerNormRows(L, cover, threads, deadline, &in);
   }
   if (p == NormKind::kL2) {
     in.centre = centre_l2;

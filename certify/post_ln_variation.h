@@ -30,6 +30,7 @@
 #include "certify/certificate.h"
 #include "certify/engine_bound.h"
 #include "certify/input_set.h"
+#include "certify/layer_norm_cover.h"
 #include "certify/token_cover.h"
 #include "interval/elementary.h"
 #include "interval/interval_matrix.h"
@@ -84,10 +85,6 @@ struct PostLnVariationInputs {
   // "" when valid, else a message naming the field.
   std::string IsValid() const;
 };
-
-// >= sup over ||y - yc|| <= rho of ||J_LN(y) - J_LN(yc)||_2 for one token (D entries): the
-// radial change of 1/sigma and the turn of the unit centred vector, apart (post_ln_variation.cc).
-double LayerNormVariationUp(const LayerNormParams& ln, const Eigen::RowVectorXd& yc, double rho);
 
 // The per-token cover of Y and the LayerNorm factors over it (for reports and tests).
 struct PostLnVariationReport {
