@@ -323,16 +323,22 @@ EngineBound PostLnVariationBound(const AttentionLayer& L, const TokenCover& cove
   return out;
 }
 
-Eigen::VectorXd MhaRowBlockNormsUp(const AttentionLayer& mha, const Eigen::MatrixXd& x0, long dense_limit, int threads,
-                                   std::chrono::steady_clock::time_point deadline) {
-  const int n = int(x0.rows()), d = int(x0.cols());
-  if (long(n) * d > dense_limit || mha.post_ln() || mha.layer_norm) return {};
+namespace {
+
+// J_M(X0) enclosed densely (the centre_norm engine's assembly), `mha` MHA alone.
+IntervalMatrix MhaJacobianEnclosure(const AttentionLayer& mha, const Eigen::MatrixXd& x0, int threads,
+                                    std::chrono::steady_clock::time_point deadline) {
   CentreNormOptions co;
   co.mha_only = true;
   co.threads = threads;
   co.deadline = deadline;
-  co.dense_limit = long(n) * d;
-  const IntervalMatrix jm = CentreJacobianEnclosure(mha, x0, co);
+  co.dense_limit = long(x0.rows()) * x0.cols();
+  return CentreJacobianEnclosure(mha, x0, co);
+}
+
+// >= ||J_{M,i}(X0)||_2 per token from the enclosure jm of J_M(X0); empty once the deadline passed.
+Eigen::VectorXd RowBlockL2NormsUp(const IntervalMatrix& jm, int n, int d, int threads,
+                                  std::chrono::steady_clock::time_point deadline) {
   if (std::chrono::steady_clock::now() > deadline) return {};
   Eigen::VectorXd out(n);
   for (int i = 0; i < n; ++i) {
@@ -342,6 +348,15 @@ Eigen::VectorXd MhaRowBlockNormsUp(const AttentionLayer& mha, const Eigen::Matri
     if (!std::isfinite(out(i))) return {};
   }
   return out;
+}
+
+}  // namespace
+
+Eigen::VectorXd MhaRowBlockNormsUp(const AttentionLayer& mha, const Eigen::MatrixXd& x0, long dense_limit, int threads,
+                                   std::chrono::steady_clock::time_point deadline) {
+  const int n = int(x0.rows()), d = int(x0.cols());
+  if (long(n) * d > dense_limit || mha.post_ln() || mha.layer_norm) return {};
+  return RowBlockL2NormsUp(MhaJacobianEnclosure(mha, x0, threads, deadline), n, d, threads, deadline);
 }
 
 namespace {
@@ -361,26 +376,13 @@ Eigen::VectorXd RowBlockInfNormsUp(const IntervalMatrix& a, int n, int d) {
   }
   return out;
 }
-}  // namespace
 
-PostLnCentreInfBounds PostLnCentreInfNormBounds(const AttentionLayer& L, const Eigen::MatrixXd& x0, long dense_limit,
-                                                int threads, std::chrono::steady_clock::time_point deadline) {
-  CheckLayer(L);
+// The inf centre from jm, the dense enclosure of J_M(X0) (taken over: I is added in place).
+PostLnCentreInfBounds PostLnCentreInfFrom(const AttentionLayer& L, const Eigen::MatrixXd& x0, IntervalMatrix jm,
+                                          int threads, std::chrono::steady_clock::time_point deadline) {
   PostLnCentreInfBounds out;
   const int n = int(x0.rows()), d = int(x0.cols());
-  const long nd = long(n) * d;
-  if (nd > dense_limit) {
-    out.note = "N*D = " + std::to_string(nd) + " above the dense limit " + std::to_string(dense_limit);
-    return out;
-  }
   const auto passed = [&] { return std::chrono::steady_clock::now() > deadline; };
-  const AttentionLayer mha = L.WithoutPostLayerNorm();
-  CentreNormOptions co;
-  co.mha_only = true;
-  co.threads = threads;
-  co.deadline = deadline;
-  co.dense_limit = nd;
-  IntervalMatrix jm = CentreJacobianEnclosure(mha, x0, co);
   if (passed()) return TimedOut(out);
   const double jm_inf = NormInfUpper(jm).value();
   out.mha_upper = UpperBound(jm_inf);
@@ -435,6 +437,23 @@ PostLnCentreInfBounds PostLnCentreInfNormBounds(const AttentionLayer& L, const E
   out.lower = LowerBound(std::max(0.0, SubDown(lower, moved)));
   out.row = row;
   return out;
+}
+
+// The dense limit's refusal, or "" (the inf centre holds one (ND)^2 enclosure).
+std::string InfDenseRefusal(long nd, long dense_limit) {
+  return nd > dense_limit ? "N*D = " + std::to_string(nd) + " above the dense limit " + std::to_string(dense_limit) : "";
+}
+
+}  // namespace
+
+PostLnCentreInfBounds PostLnCentreInfNormBounds(const AttentionLayer& L, const Eigen::MatrixXd& x0, long dense_limit,
+                                                int threads, std::chrono::steady_clock::time_point deadline) {
+  CheckLayer(L);
+  PostLnCentreInfBounds out;
+  out.note = InfDenseRefusal(long(x0.size()), dense_limit);
+  if (!out.note.empty()) return out;
+  return PostLnCentreInfFrom(L, x0, MhaJacobianEnclosure(L.WithoutPostLayerNorm(), x0, threads, deadline), threads,
+                             deadline);
 }
 
 namespace {
@@ -571,10 +590,15 @@ PostLnVariationInputs PostLnVariationInputsFor(const AttentionLayer& L, const In
   in.mha_centre = mp.centre;
   in.mha_variation = mp.variation;
   const AttentionLayer mha = L.WithoutPostLayerNorm();
+  // J_M(X0) enclosed once, up to N*D = inf_dense_limit, for its rows (over a set) and the inf centre.
+  const int n = int(set.center.rows());
+  const bool dense = InfDenseRefusal(long(set.center.size()), inf_dense_limit).empty();
+  IntervalMatrix jm;
+  if (dense && (set.radius > 0 || p != NormKind::kL2)) jm = MhaJacobianEnclosure(mha, set.center, threads, deadline);
   if (set.radius > 0) {
     const TokenCover cover = CoverOf(set);
     // The rows of J_M(X0) size the cover of Y token by token; ||J_M(X0)||_2^2 <= sum_i ||J_{M,i}(X0)||_2^2.
-    in.mha_row_centre_l2 = MhaRowBlockNormsUp(mha, set.center, inf_dense_limit, threads, deadline);
+    if (dense) in.mha_row_centre_l2 = RowBlockL2NormsUp(jm, n, L.d_model, threads, deadline);
     if (in.mha_row_centre_l2.size()) {
       double sum2 = 0;
       for (Eigen::Index i = 0; i < in.mha_row_centre_l2.size(); ++i)
@@ -614,7 +638,9 @@ PostLnVariationInputs PostLnVariationInputsFor(const AttentionLayer& L, const In
   if (p == NormKind::kL2) {
     in.centre = centre_l2;
   } else {
-    const PostLnCentreInfBounds c = PostLnCentreInfNormBounds(L, set.center, inf_dense_limit, threads, deadline);
+    PostLnCentreInfBounds c;
+    c.note = InfDenseRefusal(long(set.center.size()), inf_dense_limit);
+    if (dense) c = PostLnCentreInfFrom(L, set.center, std::move(jm), threads, deadline);
     in.centre = c.upper;
     // The enclosure's own ||J_M(X0)||_inf is a second certified centre of MHA, and its rows token by token.
     if (c.mha_upper.value() < in.mha_centre.value()) in.mha_centre = c.mha_upper;
