@@ -2,9 +2,13 @@
 // ball around one centre, with every candidate it compared (docs/engines.md, "How loose the
 // variation bound is"): which path carries the bound.
 //
-//   build/bench/variation_bench MODEL LAYER CENTRE RELATIVE_RADIUS [--preset P] [--pre-ln]
+//   build/bench/variation_bench MODEL LAYER CENTRE RELATIVE_RADIUS [--preset P] [--pre-ln] [--seconds S]
 //
-// MODEL and CENTRE as for `lipcert certify`; LayerNorm is dropped unless --pre-ln.
+// MODEL and CENTRE as for `lipcert certify`; LayerNorm is dropped unless --pre-ln. With
+// --seconds S the bound runs under a deadline S seconds away, its nodes refining up to it (as
+// inside certify), prints its nodes, the cover of the MHA input and the candidates, and skips
+// the diagnostics at the centre and per head (minutes at BERT-base size).
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
@@ -28,10 +32,12 @@ int main(int argc, char** argv) {
     lo.preset = "bert";
     lo.layer = std::atoi(argv[2]);
     bool pre_ln = false;
+    double seconds = 0;
     for (int i = 5; i < argc; ++i) {
       const std::string a = argv[i];
       if (a == "--preset" && i + 1 < argc) lo.preset = argv[++i];
       else if (a == "--pre-ln") pre_ln = true;
+      else if (a == "--seconds" && i + 1 < argc) seconds = std::atof(argv[++i]);
       else throw std::invalid_argument("unknown option " + a);
     }
     LoadedModel m = LoadModel(argv[1], lo);
@@ -41,10 +47,21 @@ int main(int argc, char** argv) {
     set.kind = SetKind::kBall;
     set.center = LoadCentre(argv[3], 0, L.d_model);
     set.radius = std::atof(argv[4]) * set.center.norm();
-    const CentredVariation v = CentredVariationBound(L, CoverOf(set), BoundOptions{});
+    BoundOptions bo;
+    if (seconds > 0) {
+      bo.threads = 2;
+      bo.deadline = std::chrono::steady_clock::now() +
+                    std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(seconds));
+    }
+    const CentredVariation v = CentredVariationBound(L, CoverOf(set), bo, bo.deadline, /*up_to_refine_until=*/seconds > 0);
     std::printf("N=%d D=%d H=%d R=%.6g variation=%.6g (%s)\n", int(set.center.rows()), L.d_model, L.heads, set.radius,
                 v.variation.value(), v.route);
     for (const BoundTerm& t : v.alternatives) std::printf("  %-70s %.6g\n", t.name.c_str(), t.value.value());
+    if (seconds > 0) {
+      std::printf("  second-order nodes %d; MHA input cover: joint radius %.6g, LayerNorm factor max_j ell_j %.6g\n",
+                  v.second_order_nodes, v.in.joint_z, v.in.ell.maxCoeff());
+      return v.complete ? 0 : 1;
+    }
     {
       // The second-order candidate's coefficients at the centre alone (not a bound over the
       // set): how much of it is the widening of the factor bounds over the cover.
