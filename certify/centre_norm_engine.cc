@@ -134,7 +134,7 @@ std::optional<UpperBound> AnchorUp(const AttentionLayer& L, const TokenCover& co
   if (in0.zc != in.zc) return std::nullopt;  // not the same anchor
   AttentionLayer mha_alone = L;
   mha_alone.layer_norm.reset();
-  const CentredVariation v0 = CentredVariationBound(mha_alone, TokenCover{in0.zc, in0.rho_z, UpperBound(in0.joint_z)}, opts);
+  const CentredVariation v0 = CentredVariationBound(mha_alone, TokenCover{in0.zc, in0.rho_z, UpperBound(in0.joint_z), {}}, opts);
   if (!v0.complete) return std::nullopt;
   return UpperBound(MulUp(v0.variation.value(), in.ell.maxCoeff()));
 }
@@ -148,7 +148,7 @@ std::optional<UpperBound> AnchorUp(const AttentionLayer& L, const TokenCover& co
 UpperBound CrudeMhaNormWhereNegligible(const AttentionLayer& L, const MhaInput& in, NormKind norm, double ln_delta_p,
                                        const UpperBound& centre_norm) {
   if (L.kind != AttentionKind::kDot || L.causal) return UpperBound(kInf);
-  const UpperBound crude = CastinMhaUpperBound(L, TokenCover{in.zc, in.rho_z, UpperBound(in.joint_z)});
+  const UpperBound crude = CastinMhaUpperBound(L, TokenCover{in.zc, in.rho_z, UpperBound(in.joint_z), {}});
   // ||A||_inf <= sqrt(ND) ||A||_2 for the ND x ND Jacobian.
   const double p_factor = norm == NormKind::kLinf ? SqrtUp(double(in.zc.size())) : 1.0;
   const double bound = MulUp(crude.value(), p_factor);

@@ -54,7 +54,7 @@ double LayerNormInfNormUp(const LayerNormParams& ln, const std::vector<Interval>
 // taken together per sector, not both at their largest. a decreases in q; b rises up to
 // q = 2 eps and falls after it, so over [q_lo, q_hi] its range is
 // [min(b(q_lo), b(q_hi)), b(clamp(2 eps))]. Every value is an interval evaluation or rounded outward.
-double LayerNormVariationInfUp(const LayerNormParams& ln, const Eigen::RowVectorXd& yc, double rho) {
+double LayerNormVariationInfUp(const LayerNormParams& ln, const Eigen::RowVectorXd& yc, double rho, double centred_lo) {
   const int d = int(yc.size());
   if (d == 0) return 0.0;
   if (!(rho >= 0) || !std::isfinite(rho) || !(ln.eps >= 0)) return kInf;
@@ -67,7 +67,7 @@ double LayerNormVariationInfUp(const LayerNormParams& ln, const Eigen::RowVector
     c1 = AddUp(c1, c.Mag());
   }
   const double s0_lo = SqrtDown(s_lo2), s0_hi = SqrtUp(s_hi2);
-  const double ball_lo = std::max(0.0, SubDown(s0_lo, rho)), ball_hi = AddUp(s0_hi, rho);
+  const double ball_lo = std::max({0.0, SubDown(s0_lo, rho), centred_lo}), ball_hi = AddUp(s0_hi, rho);
   if (!std::isfinite(ball_hi)) return kInf;
   const Interval dd{double(d)}, eps{ln.eps};
   const auto q_of = [&](const Interval& s) { return Sqr(s) / dd; };
@@ -191,7 +191,7 @@ MhaInput MhaInputOver(const AttentionLayer& L, const TokenCover& cover, NormKind
     }
     const double rho = cover.radius(j);
     const double cn_lo = SqrtDown(cn_lo2), cn_hi = SqrtUp(cn_hi2);
-    const double shrunk = std::max(0.0, SubDown(cn_lo, rho));
+    const double shrunk = std::max({0.0, SubDown(cn_lo, rho), CentredLo(cover, j)});
     const double sigma_lo = SqrtDown(AddDown(DivDown(MulDown(shrunk, shrunk), double(d)), ln.eps));
     const double grown = AddUp(cn_hi, rho);
     const double sigma_hi = SqrtUp(AddUp(DivUp(MulUp(grown, grown), double(d)), ln.eps));
@@ -223,7 +223,7 @@ MhaInput MhaInputOver(const AttentionLayer& L, const TokenCover& cover, NormKind
 TokenCover MhaInputCover(const AttentionLayer& layer, const TokenCover& cover, double* ell_max) {
   const MhaInput in = MhaInputOver(layer, cover, NormKind::kL2);
   if (ell_max) *ell_max = in.ell.maxCoeff();
-  return TokenCover{in.zc, in.rho_z, UpperBound(in.joint_z)};
+  return TokenCover{in.zc, in.rho_z, UpperBound(in.joint_z), {}};
 }
 
 // sup over ||y - yc|| <= rho of ||J_LN(y) - J_LN(yc)||_2 (docs/engines.md, "Post-LN variation").
@@ -234,7 +234,7 @@ TokenCover MhaInputCover(const AttentionLayer& layer, const TokenCover& cover, d
 // an orthogonal projection: ||c - c0|| <= rho), a and a - b = eps / sigma^3 decreasing in s,
 // s in [s0 - rho, s0 + rho]. Hence
 //   ||.|| <= max|gamma| [max(a(s0 - rho) - a0, a0 - a(s0 + rho), eps (sigma_lo^-3 - sigma_hi^-3)) + b0 min(1, rho / s0)].
-double LayerNormVariationUp(const LayerNormParams& ln, const Eigen::RowVectorXd& yc, double rho) {
+double LayerNormVariationUp(const LayerNormParams& ln, const Eigen::RowVectorXd& yc, double rho, double centred_lo) {
   const int d = int(yc.size());
   const LayerNormRowEnclosure r = EncloseLayerNormRow(ln, yc);
   double s_lo2 = 0, s_hi2 = 0;
@@ -245,7 +245,7 @@ double LayerNormVariationUp(const LayerNormParams& ln, const Eigen::RowVectorXd&
   const double s0_lo = SqrtDown(s_lo2), s0_hi = SqrtUp(s_hi2);
   const auto sig_up = [&](double s) { return SqrtUp(AddUp(DivUp(MulUp(s, s), double(d)), ln.eps)); };
   const auto sig_down = [&](double s) { return SqrtDown(AddDown(DivDown(MulDown(s, s), double(d)), ln.eps)); };
-  const double shrunk = std::max(0.0, SubDown(s0_lo, rho)), grown = AddUp(s0_hi, rho);
+  const double shrunk = std::max({0.0, SubDown(s0_lo, rho), centred_lo}), grown = AddUp(s0_hi, rho);
   const double sigma_lo = sig_down(shrunk), sigma_hi = sig_up(grown);
   const double sigma0_lo = std::max(sig_down(s0_lo), r.sigma.lo), sigma0_hi = std::min(sig_up(s0_hi), r.sigma.hi);
   const double a_drop = SubUp(DivUp(1.0, sigma_lo), DivDown(1.0, sigma0_hi));

@@ -38,8 +38,10 @@ double LayerNormInfNormUp(const LayerNormParams& ln, const std::vector<Interval>
 
 // >= sup over ||y - yc|| <= rho of ||J_LN(y) - J_LN(yc)||_2 for one token (D entries): the
 // radial change of 1/sigma and the turn of the unit centred vector, apart (docs/engines.md,
-// "Post-LN variation").
-double LayerNormVariationUp(const LayerNormParams& ln, const Eigen::RowVectorXd& yc, double rho);
+// "Post-LN variation"). centred_lo: a lower bound on the centred norm over the ball, where one
+// tighter than ||yc - mean|| - rho is known (TokenCover::centred_lo).
+double LayerNormVariationUp(const LayerNormParams& ln, const Eigen::RowVectorXd& yc, double rho,
+                            double centred_lo = 0.0);
 
 // >= sup over ||y - yc||_2 <= rho of ||J_LN(y) - J_LN(yc)||_inf for one token (D entries),
 // row by row (docs/engines.md, "The LayerNorm's variation in the inf norm"): row r is
@@ -48,7 +50,14 @@ double LayerNormVariationUp(const LayerNormParams& ln, const Eigen::RowVectorXd&
 // (per coordinate and in l1) taken together on each of 32 sectors of the ball (cut by the step's
 // component along the centre's direction), the largest over the sectors. +inf where the
 // variance may vanish over the ball (eps = 0) or the centre has no finite enclosure.
-double LayerNormVariationInfUp(const LayerNormParams& ln, const Eigen::RowVectorXd& yc, double rho);
+// centred_lo as for LayerNormVariationUp.
+double LayerNormVariationInfUp(const LayerNormParams& ln, const Eigen::RowVectorXd& yc, double rho,
+                               double centred_lo = 0.0);
+
+// cover.centred_lo(i), or 0 where it is not known.
+inline double CentredLo(const TokenCover& cover, Eigen::Index i) {
+  return cover.centred_lo.size() == cover.center.rows() ? cover.centred_lo(i) : 0.0;
+}
 
 // The cover of the MHA input z (LN(X) for the sublayer, else X) implied by a cover of X;
 // *ell_max (if non-null) receives an upper bound on sup ||J_LN||_2 over the set (1 without

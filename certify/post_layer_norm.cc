@@ -5,6 +5,7 @@
 #include <cmath>
 #include <stdexcept>
 
+#include "certify/post_ln_y_cover.h"
 #include "certify/layer_norm_cover.h"
 #include "certify/engine_bound.h"
 #include "certify/centre_norm.h"
@@ -78,16 +79,12 @@ PostLayerNormBound ComposePostLayerNorm(const AttentionLayer& L, const TokenCove
   if (!std::isfinite(mha_l2.value()) || !std::isfinite(mha_p.value())) return out;
   const Eigen::Index n = cover.center.rows();
   // Y0 = X0 + MHA(X0), enclosed; the cover's centre is the midpoint, the half-width folded in.
-  const YEnclosure y0 = EncloseY(L, cover.center, exp_backend);
-  if (!y0.finite) return out;
-  const double joint = JointRadiusUp(cover).value();
-  const double moved = MulUp(mha_l2.value(), joint);  // >= ||MHA(X) - MHA(X0)||_F >= its rows' norms
-  TokenCover& yc = out.y_cover;
-  yc.center = y0.centre;
-  yc.radius.resize(n);
-  for (Eigen::Index i = 0; i < n; ++i) yc.radius(i) = AddUp(AddUp(cover.radius(i), moved), y0.err(i));
-  // ||Y - Y0c||_F <= ||X - X0||_F + ||MHA(X) - MHA(X0)||_F + ||err||.
-  yc.frobenius = UpperBound(AddUp(AddUp(joint, moved), y0.err_frobenius));
+  if (!EncloseY(L, cover.center, exp_backend).finite) return out;
+  // ||MHA_i(X) - MHA_i(X0)|| <= ||MHA(X) - MHA(X0)||_F <= U2 ||X - X0||_F (PostLnYCover also takes
+  // the attention's own displacement bound, token by token).
+  const double moved = MulUp(mha_l2.value(), JointRadiusUp(cover).value());
+  out.y_cover = PostLnYCover(L, cover, Eigen::VectorXd::Constant(n, moved), exp_backend, UpperBound(moved));
+  const TokenCover& yc = out.y_cover;
   // sup ||J_LN(y_i)||_p per token over its ball.
   const MhaInput in = PostLnFactorsOver(L, yc, p);
   out.ln_upper = UpperBound(in.ell.maxCoeff());  // J_LN(Y) is block-diagonal: its norm is the largest block's

@@ -12,6 +12,7 @@
 #include "certify/layer_norm_cover.h"
 #include "certify/layer_norm_enclosure.h"
 #include "certify/post_layer_norm.h"
+#include "certify/post_ln_y_cover.h"
 #include "certify/witness_eval.h"
 #include "interval/norms.h"
 #include "interval/parallel.h"
@@ -68,28 +69,6 @@ std::string PostLnVariationInputs::IsValid() const {
   return "";
 }
 
-TokenCover PostLnYCover(const AttentionLayer& L, const TokenCover& cover, const Eigen::VectorXd& displacement,
-                        ExpBackend exp_backend) {
-  CheckLayer(L);
-  const Eigen::Index n = cover.center.rows();
-  if (displacement.size() != n) throw std::invalid_argument("PostLnYCover: one displacement per token");
-  // Y0 = X0 + M(X0) enclosed (EncloseY: the same centre as ComposePostLayerNorm and
-  // PostLnCentreBound), its half-width err_i folded into rho_i.
-  const YEnclosure y0 = EncloseY(L, cover.center, exp_backend);
-  TokenCover yc;
-  yc.center = y0.centre;
-  yc.radius.resize(n);
-  double disp2 = 0;
-  for (Eigen::Index i = 0; i < n; ++i) {
-    disp2 = AddUp(disp2, MulUp(displacement(i), displacement(i)));
-    yc.radius(i) = AddUp(AddUp(cover.radius(i), displacement(i)), y0.err(i));
-  }
-  // ||Y - Yc||_F <= ||X - X0||_F + ||M(X) - M(X0)||_F + ||err||_F, the middle one at most the
-  // norm of the displacements (they bound each row).
-  yc.frobenius = UpperBound(AddUp(AddUp(JointRadiusUp(cover).value(), SqrtUp(disp2)), y0.err_frobenius));
-  return yc;
-}
-
 namespace {
 
 // The MHA term through the heads before Wo: max_i ||D_i(yc_i) Wo|| / w_i x V_H, where V_H
@@ -110,7 +89,8 @@ double ThroughHeadsUp(const AttentionLayer& L, const MhaInput& f, const PostLnVa
 }
 
 // The per-token cover of Y: on the segment X_t in S, ||M_i(X) - M_i(X0)|| <= sup_t ||J_{M,i}(X_t)||_2 ||X - X0||_F,
-// and ||J_{M,i}(X_t)|| <= min(U2, ||J_{M,i}(X0)|| + V_2) (a row block is at most the whole).
+// and ||J_{M,i}(X_t)|| <= min(U2, ||J_{M,i}(X0)|| + V_2) (a row block is at most the whole);
+// PostLnYCover also takes the attention's own displacement bound, which saturates.
 TokenCover YCoverOf(const AttentionLayer& L, const TokenCover& cover, const PostLnVariationInputs& in, double u2,
                     ExpBackend exp_backend) {
   const Eigen::Index n = cover.center.rows();
@@ -123,7 +103,7 @@ TokenCover YCoverOf(const AttentionLayer& L, const TokenCover& cover, const Post
                              : in.mha_l2_variation.value();
       moved(i) = std::min(moved(i), MulUp(AddUp(in.mha_row_centre_l2(i), own), joint));
     }
-  return PostLnYCover(L, cover, moved, exp_backend);
+  return PostLnYCover(L, cover, moved, exp_backend, UpperBound(MulUp(u2, joint)));
 }
 
 // U2 >= sup_S ||J_M||_2: the certified bound, or the centre plus the variation.
@@ -170,7 +150,7 @@ bool LayerNormTermsOver(const AttentionLayer& L, const TokenCover& y_cover, cons
   for (Eigen::Index i = 0; i < y_cover.center.rows(); ++i) {
     if (!y_cover.center.row(i).allFinite()) return false;
     const double delta2 =
-        std::min(f.delta_ln(i), LayerNormVariationUp(*L.post_layer_norm, y_cover.center.row(i), y_cover.radius(i)));
+        std::min(f.delta_ln(i), LayerNormVariationUp(*L.post_layer_norm, y_cover.center.row(i), y_cover.radius(i), CentredLo(y_cover, i)));
     if (norm == NormKind::kL2) {
       (*ln_centre)(i) = NormL2UpperGram(f.ln_jac[size_t(i)], 1).value();
       (*ln_var)(i) = delta2;
@@ -178,7 +158,8 @@ bool LayerNormTermsOver(const AttentionLayer& L, const TokenCover& y_cover, cons
       (*ln_centre)(i) = NormInfUpper(f.ln_jac[size_t(i)]).value();
       // Row by row (LayerNormVariationInfUp), ||A||_inf <= sqrt(D) ||A||_2 for D x D matrices,
       // and the triangle inequality.
-      (*ln_var)(i) = std::min({LayerNormVariationInfUp(*L.post_layer_norm, y_cover.center.row(i), y_cover.radius(i)),
+      (*ln_var)(i) = std::min({LayerNormVariationInfUp(*L.post_layer_norm, y_cover.center.row(i), y_cover.radius(i),
+                                                              CentredLo(y_cover, i)),
                                MulUp(sqrt_d, delta2), AddUp(f.ell(i), (*ln_centre)(i))});
     }
   }
@@ -395,7 +376,7 @@ PostLnCentreInfBounds PostLnCentreInfFrom(const AttentionLayer& L, const Eigen::
   }
   // Y0 within balls of radius err_i around yc_i; D_i(yc_i) enclosed, and
   // sup ||D_i(y) - D_i(yc_i)||_inf <= sqrt(D) sup ||D_i(y) - D_i(yc_i)||_2 over each ball.
-  const TokenCover y_cover = PostLnYCover(L, TokenCover{x0, Eigen::VectorXd::Zero(n), UpperBound(0)},
+  const TokenCover y_cover = PostLnYCover(L, TokenCover{x0, Eigen::VectorXd::Zero(n), UpperBound(0), {}},
                                           Eigen::VectorXd::Zero(n));
   if (!y_cover.center.allFinite()) {
     out.note = "no finite enclosure of Y0";
@@ -506,7 +487,7 @@ Eigen::VectorXd LayerNormRowWeights(const AttentionLayer& L, const TokenCover& c
 Eigen::VectorXd HeadsRowWeights(const AttentionLayer& L, const Eigen::MatrixXd& x0) {
   const Eigen::Index n = x0.rows();
   const TokenCover yc =
-      PostLnYCover(L, TokenCover{x0, Eigen::VectorXd::Zero(n), UpperBound(0)}, Eigen::VectorXd::Zero(n));
+      PostLnYCover(L, TokenCover{x0, Eigen::VectorXd::Zero(n), UpperBound(0), {}}, Eigen::VectorXd::Zero(n));
   if (!yc.center.allFinite()) return {};
   Eigen::VectorXd w = LayerNormWoNormsUp(L, PostLnFactors(L, yc, NormKind::kL2).ln_jac, NormKind::kL2);
   const double top = w.maxCoeff();

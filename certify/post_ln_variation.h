@@ -31,6 +31,7 @@
 #include "certify/engine_bound.h"
 #include "certify/input_set.h"
 #include "certify/layer_norm_cover.h"
+#include "certify/post_ln_y_cover.h"
 #include "certify/token_cover.h"
 #include "interval/elementary.h"
 #include "interval/interval_matrix.h"
@@ -101,13 +102,7 @@ struct PostLnVariationReport {
   double ln_rows = kInf;            // max_i delta_i / w_i (ln_rows_centre + ln_rows_variation) (+inf: not known)
 };
 
-// The cover of Y = X + M(X) over a cover of X: centre the midpoint of the interval enclosure
-// of X0 + M(X0) (the same point ComposePostLayerNorm and PostLnCentreBound use), radii
-// r_i + displacement_i + err_i with displacement_i >= sup_S ||M_i(X) - M_i(X0)||. `layer` is
-// the post-LN layer (its MHA is evaluated). Centre +inf entries (radius +inf) when the
-// enclosure is not finite.
-TokenCover PostLnYCover(const AttentionLayer& layer, const TokenCover& cover, const Eigen::VectorXd& displacement,
-                        ExpBackend exp_backend = DefaultExpBackend());
+// PostLnYCover (the cover of Y) is in certify/post_ln_y_cover.h.
 
 // >= ||J_{M,i}(X0)||_2 for every token i (the row blocks of MHA's Jacobian at x0, from the
 // dense enclosure of the centre_norm assembly, each certified by the Gram certificate of its

@@ -17,6 +17,11 @@ struct TokenCover {
   // ||X - center||_F <= frobenius over the set as well (a ball's radius couples the
   // tokens); +inf when only the per-token radii are known.
   UpperBound frobenius{kInf};
+  // Optional (empty: not known): ||x_i - mean(x_i) 1|| >= centred_lo(i) >= 0 over the set, a
+  // lower bound on each token's centred norm that may be tighter than the ball's
+  // ||center_i - mean|| - radius(i) (the post-LN cover of Y, PostLnYCover); a LayerNorm over the
+  // cover takes the larger of the two.
+  Eigen::VectorXd centred_lo;
 };
 
 // Upper bound on ||X - center||_F over the cover: the smaller of `frobenius` and ||radius||_2

@@ -66,7 +66,7 @@ TEST(CentreNormEngineTest, CrudeMhaNormBoundsTheMpfrNormWhereNegligibleAndDeclin
       const MhaInput in = MhaInputOver(L, point, p);
       const double exact = MhaNormAtLnOfCentreMp(L, x0, p);
       ASSERT_GT(exact, 0);
-      const double castin = CastinMhaUpperBound(L, TokenCover{in.zc, in.rho_z, UpperBound(in.joint_z)}).value();
+      const double castin = CastinMhaUpperBound(L, TokenCover{in.zc, in.rho_z, UpperBound(in.joint_z), {}}).value();
       ASSERT_TRUE(std::isfinite(castin));
       const double expected = p == NormKind::kLinf ? MulUp(castin, SqrtUp(double(in.zc.size()))) : castin;
       // The engine's own inputs: delta_ln in the norm p, and a centre norm of the order of
