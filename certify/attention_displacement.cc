@@ -32,6 +32,7 @@ int KeysOf(const AttentionLayer& L, int i, int n) { return L.causal ? i + 1 : n;
 // u_j = Wo_h v_j enclosed and their distances; for l2 heads the logit boxes' oscillation.
 struct HeadMoves {
   bool dot = true;
+  IntervalMatrix g;  // dot: rows g_i
   Eigen::VectorXd g_norm;
   Eigen::MatrixXd db, du;
   double c_logit = kInf, c_u = kInf;
@@ -57,9 +58,10 @@ HeadMoves DotHeadMovesAt(const AttentionLayer& L, int h, const Eigen::MatrixXd& 
   const Interval inv_sqrt_dk = Interval(1.0) / Sqrt(Interval(double(dk)));
   const IntervalMatrix q = RowsOf(zc, wq, L.bq, h * dk, dk), k = RowsOf(zc, wk, L.bk, h * dk, dk);
   const IntervalMatrix v = RowsOf(zc, wv, L.bv, h * dv, dv);
-  const IntervalMatrix g = Scale(inv_sqrt_dk, Mul(q, wk)), b = Scale(inv_sqrt_dk, Mul(k, wq));
+  m.g = Scale(inv_sqrt_dk, Mul(q, wk));
+  const IntervalMatrix b = Scale(inv_sqrt_dk, Mul(k, wq));
   m.g_norm.resize(n);
-  for (int i = 0; i < n; ++i) m.g_norm(i) = NormUpOfMagnitudes(RowMagnitude(g, i), VectorNorm::kTwo);
+  for (int i = 0; i < n; ++i) m.g_norm(i) = NormUpOfMagnitudes(RowMagnitude(m.g, i), VectorNorm::kTwo);
   m.db = PairDistanceUp(b, VectorNorm::kTwo);
   m.c_logit = MulUp(ProductNormL2Upper(wq, wk).value(), inv_sqrt_dk.hi);
   m.c_u = ProductNormL2Upper(Eigen::MatrixXd(m.wo.transpose()), wv).value();
@@ -160,12 +162,67 @@ Eigen::VectorXd ValueMovesUp(const AttentionLayer& L, const std::vector<HeadMove
   return out;
 }
 
-// >= ||W_h^T w_i||_2 for every row w_i of the directions (W_h = Wo_h M_h).
-Eigen::VectorXd MovesAlongUp(const HeadMoves& G, const IntervalMatrix& dirs) {
-  const IntervalMatrix m = G.dot ? Mul(Mul(dirs, G.wo), G.m) : Mul(dirs, G.w);
-  Eigen::VectorXd out(m.rows());
-  for (Eigen::Index i = 0; i < m.rows(); ++i) out(i) = NormUpOfMagnitudes(RowMagnitude(m, i), VectorNorm::kTwo);
-  return out;
+// The rows W_h^T w_i for every row w_i of the directions (W_h = Wo_h M_h), enclosed.
+IntervalMatrix MovesAlong(const HeadMoves& G, const IntervalMatrix& dirs) {
+  return G.dot ? Mul(Mul(dirs, G.wo), G.m) : Mul(dirs, G.w);
+}
+
+// >= ||M||_2 for the enclosure of M (D x H, H small): sqrt of lambda_max of its H x H Gram.
+double ColumnsNormUp(const IntervalMatrix& m) { return SqrtUp(LambdaMaxUpper(GramEnclosure(m)).value()); }
+
+// Row i of every head as one D x H enclosure, column h = weight_h times row i of rows[h].
+IntervalMatrix RowsAsColumns(const std::vector<const IntervalMatrix*>& rows, const Eigen::VectorXd& weight, int i) {
+  const Eigen::Index d = rows[0]->cols(), heads = Eigen::Index(rows.size());
+  Eigen::MatrixXd lo(d, heads), hi(d, heads);
+  for (Eigen::Index h = 0; h < heads; ++h)
+    for (Eigen::Index a = 0; a < d; ++a) {
+      const Interval e = Interval(weight(h)) * (*rows[size_t(h)])(i, a);
+      lo(a, h) = e.lo;
+      hi(a, h) = e.hi;
+    }
+  return IntervalMatrix::FromBounds(lo, hi);
+}
+
+// Dot heads over a ball (joint radius J): sum_h d_h TV_h <= sum_h d_h osc_h / 4 with, for the
+// keys j_h, k_h each head takes, osc_h <= g_h.(dz_j - dz_k) + (b_j - b_k).dz_i + dz_i^T W_h (dz_j - dz_k).
+// The first terms together are <A, dZ> for the N x D matrix A whose row m adds +-d_h g_h over the
+// heads with m among their two keys, so ||A||_F^2 <= sum_m |S_m| ||V||_2^2 = 2 H ||V||_2^2,
+// V = [d_h g_h] (D x H): heads whose logit gradients point apart share the radius instead of
+// each taking it whole. The second is at most db_h ||dz_i||, ||dz_i|| <= min(r_i, J); the third
+// c_h ||dz_i|| ||dz_j - dz_k|| <= c_h J^2 (1 + sqrt(2)) / 2.
+struct JointHeads {
+  const std::vector<HeadMoves>* geo = nullptr;  // null: each head by itself
+  double joint = kInf;
+};
+
+// ||V||_2^2 <= lambda_max(diag(d) Gamma diag(d)) for V = [d_h g_h] and Gamma >= the Gram of [g_h].
+double WeightedColumnsNormUp(const IntervalMatrix& gram, const Eigen::VectorXd& d) {
+  IntervalMatrix w = gram;
+  for (Eigen::Index a = 0; a < w.rows(); ++a)
+    for (Eigen::Index b = 0; b < w.cols(); ++b) {
+      const Interval e = Interval(d(a)) * Interval(d(b)) * gram(a, b);
+      w.mid(a, b) = 0.5 * e.lo + 0.5 * e.hi;
+      w.rad(a, b) = std::max(SubUp(e.hi, w.mid(a, b)), SubUp(w.mid(a, b), e.lo));
+    }
+  return SqrtUp(LambdaMaxUpper(w).value());
+}
+
+// gram: the Gram of row i's logit gradients [g_h] (H x H, enclosed).
+double JointHeadsUp(const JointHeads& jh, const IntervalMatrix& gram, const Eigen::VectorXd& d,
+                    const Eigen::VectorXd& db_max, double x) {
+  const std::vector<HeadMoves>& geo = *jh.geo;
+  double active = 0, b_sum = 0, c_sum = 0;
+  for (size_t h = 0; h < geo.size(); ++h) {
+    const Eigen::Index e = Eigen::Index(h);
+    if (d(e) > 0) active += 1;
+    b_sum = AddUp(b_sum, MulUp(d(e), db_max(e)));
+    c_sum = AddUp(c_sum, MulUp(d(e), geo[h].c_logit));
+  }
+  if (active == 0) return 0.0;
+  const double g_part = MulUp(MulUp(SqrtUp(2.0 * active), WeightedColumnsNormUp(gram, d)), jh.joint);
+  const double xy = MulUp(MulUp(jh.joint, jh.joint), DivUp(AddUp(1.0, SqrtUp(2.0)), 2.0));
+  const double rest = AddUp(MulUp(b_sum, x), MulUp(c_sum, xy));
+  return DivUp(AddUp(g_part, rest), 4.0);
 }
 
 // >= max over row i's keys j, k of <u_j - u_k, w_i> (the scalars' diameter along w_i).
@@ -176,6 +233,19 @@ double DiameterAlongUp(const IntervalMatrix& a, int i, int len) {
     bottom = std::min(bottom, SubDown(a.mid(j, i), a.rad(j, i)));
   }
   return std::max(0.0, SubUp(top, bottom));
+}
+
+// sum_h d_h TV_h: each head by itself, or (jh.geo set) the smaller of that and JointHeadsUp.
+double ShiftsUp(const JointHeads& jh, const Eigen::VectorXd& tv, const Eigen::VectorXd& d, const Eigen::VectorXd& db_max,
+                double x, int i) {
+  const int heads = int(tv.size());
+  double apart = 0;
+  for (int h = 0; h < heads; ++h) apart = AddUp(apart, MulUp(tv(h), d(h)));
+  if (!jh.geo) return apart;
+  std::vector<const IntervalMatrix*> g;
+  for (const HeadMoves& G : *jh.geo) g.push_back(&G.g);
+  const IntervalMatrix gram = GramEnclosure(RowsAsColumns(g, Eigen::VectorXd::Ones(heads), i));
+  return std::min(apart, JointHeadsUp(jh, gram, d, db_max, x));
 }
 
 }  // namespace
@@ -200,35 +270,68 @@ AttentionDisplacement AttentionDisplacementOver(const AttentionLayer& L, const T
   r.logit_oscillation.resize(n, heads);
   r.total_variation.resize(n, heads);
   r.value_diameter.resize(n, heads);
-  r.value_moves = ValueMovesUp(L, geo, rho, joint);
-  out.norm = r.value_moves;
-  if (dirs) out.along = Eigen::VectorXd::Zero(n);
+  Eigen::MatrixXd diam_along(n, heads), moves_along(n, heads), db_max(n, heads);
+  std::vector<IntervalMatrix> along_rows;  // per head: rows W_h^T w_i
+  along_rows.reserve(size_t(heads));
   for (int h = 0; h < heads; ++h) {
     const HeadMoves& G = geo[size_t(h)];
     IntervalMatrix scalars;  // (N keys, N directions): <u_j, w_i>
-    Eigen::VectorXd moves_along;
     if (dirs) {
       scalars = Mul(G.u, dirs->transpose());
-      moves_along = MovesAlongUp(G, *dirs);
+      along_rows.push_back(MovesAlong(G, *dirs));
     }
-    double diam = 0, r_max = 0;
+    double diam = 0, dbm = 0;
     for (int i = 0; i < n; ++i) {
       const int len = KeysOf(L, i, n);
       const double w = G.dot ? DotPairOscillationUp(G, rho, joint, i, len) : G.box_oscillation(i);
-      // The keys' diameter: row i adds key i to row i - 1's (causal) or has them all.
+      // The keys' diameters: row i adds key i to row i - 1's (causal) or has them all.
       if (i == 0 || L.causal)
         for (int j = L.causal ? len - 1 : 0; j < len; ++j)
-          for (int k = 0; k < j; ++k) diam = std::max(diam, G.du(j, k));
-      const double tv = SoftmaxTotalVariationUp(w);
+          for (int k = 0; k < j; ++k) {
+            diam = std::max(diam, G.du(j, k));
+            if (G.dot) dbm = std::max(dbm, G.db(j, k));
+          }
       r.logit_oscillation(i, h) = w;
-      r.total_variation(i, h) = tv;
+      r.total_variation(i, h) = SoftmaxTotalVariationUp(w);
       r.value_diameter(i, h) = diam;
-      out.norm(i) = AddUp(out.norm(i), MulUp(tv, diam));
+      db_max(i, h) = dbm;
       if (dirs) {
-        r_max = L.causal ? std::max(r_max, rho(i)) : rho.maxCoeff();
-        out.along(i) = AddUp(out.along(i), AddUp(MulUp(tv, DiameterAlongUp(scalars, i, len)), MulUp(moves_along(i), r_max)));
+        diam_along(i, h) = DiameterAlongUp(scalars, i, len);
+        moves_along(i, h) = NormUpOfMagnitudes(RowMagnitude(along_rows.back(), i), VectorNorm::kTwo);
       }
     }
+  }
+  // Token by token: the values' moves plus the softmax rows' shifts, each head by itself
+  // (sum_h d_h TV_h) or, along the directions for dot heads over a ball, the heads together
+  // (JointHeadsUp: the directions decide whether a token's variance can vanish, while the
+  // norm's bound meets a Jacobian bound times the radius, so only the directions pay for it).
+  JointHeads jh;
+  if (L.kind == AttentionKind::kDot && std::isfinite(joint)) {
+    jh.geo = &geo;
+    jh.joint = joint;
+  }
+  const auto shifts_up = [&](const Eigen::MatrixXd& d, int i, bool joint_too) {
+    return ShiftsUp(joint_too ? jh : JointHeads{}, r.total_variation.row(i).transpose(), d.row(i).transpose(),
+                    db_max.row(i).transpose(), std::min(rho(i), joint), i);
+  };
+  r.value_moves = ValueMovesUp(L, geo, rho, joint);
+  out.norm.resize(n);
+  if (dirs) out.along.resize(n);
+  std::vector<const IntervalMatrix*> along_ptrs;
+  for (const IntervalMatrix& a : along_rows) along_ptrs.push_back(&a);
+  double r_max = 0;
+  for (int i = 0; i < n; ++i) {
+    out.norm(i) = AddUp(r.value_moves(i), shifts_up(r.value_diameter, i, false));
+    if (!dirs) continue;
+    // |sum_h sum_j P_ij <dz_j, a_h>| <= ||dZ||_F ||A Q||_F <= J ||A||_2 sqrt(H), A = [a_h] (D x H),
+    // a_h = W_h^T w_i, Q_hj = P_ij (||Q||_F^2 <= H); or each head by itself, ||a_h|| max_j r_j.
+    r_max = L.causal ? std::max(r_max, rho(i)) : rho.maxCoeff();
+    double values = 0;
+    for (int h = 0; h < heads; ++h) values = AddUp(values, MulUp(moves_along(i, h), r_max));
+    if (std::isfinite(joint))
+      values = std::min(values, MulUp(MulUp(joint, SqrtUp(double(heads))),
+                                      ColumnsNormUp(RowsAsColumns(along_ptrs, Eigen::VectorXd::Ones(heads), i))));
+    out.along(i) = AddUp(values, shifts_up(diam_along, i, true));
   }
   return out;
 }

@@ -10,7 +10,10 @@
 // same mass TV), and TV <= tanh(w_i / 4) for the oscillation w_i of the logits' change over
 // the row's keys (the Hilbert-metric bound of two softmax rows; the log-ratio of P_i and P0_i
 // oscillates by w_i). The bound saturates: TV <= 1 however far the logits move, so it stays
-// finite and modest on sets where a Jacobian bound times the radius does not.
+// finite and modest on sets where a Jacobian bound times the radius does not. Over a ball,
+// along given directions, the heads are also bounded together (their logits' changes are linear
+// maps of one perturbation of bounded Frobenius norm, so heads whose logit gradients point
+// apart share the radius; the values' moves likewise), whichever is smaller.
 #pragma once
 
 #include <Eigen/Dense>
