@@ -647,6 +647,13 @@ EngineResult PostLnVariationCandidate(const AttentionLayer& L, const InputSet& s
     r.note = "a post-LN layer without pre-LN only";
     return done(r);
   }
+  // Norm 2 without a certified centre the bound takes the crude one from MHA's row blocks,
+  // which need the dense enclosure of J_M(X0): above it the variation cannot give a bound.
+  if (p == NormKind::kL2 && !std::isfinite(centre_l2.value()) &&
+      !InfDenseRefusal(long(set.center.size()), inf_dense_limit).empty()) {
+    r.note = "no certified centre norm, and no crude one above the dense size";
+    return done(r);
+  }
   const TokenCover cover = CoverOf(set);
   PostLnCentreInfBounds inf_centre;
   const PostLnVariationInputs in = PostLnVariationInputsFor(L, set, p, MhaPiecesOf(mha_l2), MhaPiecesOf(mha_p),
