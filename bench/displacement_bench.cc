@@ -11,11 +11,10 @@
 #include <cstdlib>
 #include <exception>
 
+#include "bench/bench_ball.h"
 #include "certify/post_ln_y_cover.h"
 #include "certify/token_cover.h"
 #include "interval/rounding.h"
-#include "models/centre.h"
-#include "models/loader.h"
 
 int main(int argc, char** argv) {
   using namespace lipcert;
@@ -24,15 +23,10 @@ int main(int argc, char** argv) {
     return 2;
   }
   try {
-    LoadOptions lo;
-    lo.preset = "bert";
-    lo.layer = std::atoi(argv[2]);
-    const AttentionLayer L = LoadModel(argv[1], lo).layers.at(0);
+    const BenchBall ball = LoadBenchBall(argv);
+    const AttentionLayer& L = ball.layer;
+    const InputSet& set = ball.set;
     if (!L.post_layer_norm) throw std::invalid_argument("the layer has no post-LN LayerNorm");
-    InputSet set;
-    set.kind = SetKind::kBall;
-    set.center = LoadCentre(argv[3], 0, L.d_model);
-    set.radius = std::atof(argv[4]) * set.center.norm();
     const int n = int(set.center.rows());
     const auto t0 = std::chrono::steady_clock::now();
     const TokenCover y = PostLnYCover(L, CoverOf(set), Eigen::VectorXd::Constant(n, kInf));

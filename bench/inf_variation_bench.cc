@@ -15,6 +15,7 @@
 #include <exception>
 #include <string>
 
+#include "bench/bench_ball.h"
 #include "certify/centred_engine.h"
 #include "certify/layer_norm_cover.h"
 #include "certify/layer_norm_enclosure.h"
@@ -22,9 +23,7 @@
 #include "certify/token_cover.h"
 #include "interval/norms.h"
 #include "interval/rounding.h"
-#include "models/centre.h"
 #include "models/forward.h"
-#include "models/loader.h"
 
 int main(int argc, char** argv) {
   using namespace lipcert;
@@ -33,17 +32,12 @@ int main(int argc, char** argv) {
     return 2;
   }
   try {
-    LoadOptions lo;
-    lo.preset = "bert";
-    lo.layer = std::atoi(argv[2]);
-    const AttentionLayer L = LoadModel(argv[1], lo).layers.at(0);
+    const BenchBall ball = LoadBenchBall(argv);
+    const AttentionLayer& L = ball.layer;
+    const InputSet& set = ball.set;
     if (!L.post_layer_norm) throw std::invalid_argument("the layer has no post-LN LayerNorm");
     const LayerNormParams& ln = *L.post_layer_norm;
     const AttentionLayer mha = L.WithoutPostLayerNorm();
-    InputSet set;
-    set.kind = SetKind::kBall;
-    set.center = LoadCentre(argv[3], 0, L.d_model);
-    set.radius = std::atof(argv[4]) * set.center.norm();
     const int n = int(set.center.rows()), d = L.d_model;
     BoundOptions o;
     o.norm = NormKind::kLinf;

@@ -16,10 +16,9 @@
 
 #include <Eigen/SVD>
 
+#include "bench/bench_ball.h"
 #include "certify/centred_engine.h"
 #include "certify/token_cover.h"
-#include "models/centre.h"
-#include "models/loader.h"
 
 int main(int argc, char** argv) {
   using namespace lipcert;
@@ -28,25 +27,20 @@ int main(int argc, char** argv) {
     return 2;
   }
   try {
-    LoadOptions lo;
-    lo.preset = "bert";
-    lo.layer = std::atoi(argv[2]);
+    std::string preset = "bert";
     bool pre_ln = false;
     double seconds = 0;
     for (int i = 5; i < argc; ++i) {
       const std::string a = argv[i];
-      if (a == "--preset" && i + 1 < argc) lo.preset = argv[++i];
+      if (a == "--preset" && i + 1 < argc) preset = argv[++i];
       else if (a == "--pre-ln") pre_ln = true;
       else if (a == "--seconds" && i + 1 < argc) seconds = std::atof(argv[++i]);
       else throw std::invalid_argument("unknown option " + a);
     }
-    LoadedModel m = LoadModel(argv[1], lo);
-    AttentionLayer L = m.layers.at(0);
+    BenchBall ball = LoadBenchBall(argv, preset);
+    AttentionLayer& L = ball.layer;
     if (!pre_ln) L.layer_norm.reset();
-    InputSet set;
-    set.kind = SetKind::kBall;
-    set.center = LoadCentre(argv[3], 0, L.d_model);
-    set.radius = std::atof(argv[4]) * set.center.norm();
+    const InputSet& set = ball.set;
     BoundOptions bo;
     if (seconds > 0) {
       bo.threads = 2;
