@@ -17,7 +17,7 @@ double SoftmaxTotalVariationUp(double w) {
   if (w == 0) return 0.0;
   if (!std::isfinite(w)) return 1.0;
   // tanh(w/4) = 1 - 2 / (e^{w/2} + 1), increasing in e^{w/2}; also tanh(x) <= x.
-  const double e = ExpUpper(w / 2);  // w / 2 is exact for w >= 0 away from underflow, and rounds down below it
+  const double e = ExpUpper(DivUp(w, 2.0));
   const double t = SubUp(1.0, DivDown(2.0, AddUp(e, 1.0)));
   return std::min({1.0, t, DivUp(w, 4.0)});
 }
