@@ -248,30 +248,25 @@ double ShiftsUp(const JointHeads& jh, const Eigen::VectorXd& tv, const Eigen::Ve
   return std::min(apart, JointHeadsUp(jh, gram, d, db_max, x));
 }
 
-}  // namespace
-
-AttentionDisplacement AttentionDisplacementOver(const AttentionLayer& L, const TokenCover& cover,
-                                                const IntervalMatrix* dirs) {
-  if (L.layer_norm || L.post_layer_norm)
-    throw std::invalid_argument("AttentionDisplacementOver: the layer must be MHA alone (no LayerNorm)");
-  const int n = int(cover.center.rows()), heads = L.heads;
-  if (cover.radius.size() != n) throw std::invalid_argument("AttentionDisplacementOver: one radius per token");
-  if (dirs && (dirs->rows() != n || dirs->cols() != L.d_model))
-    throw std::invalid_argument("AttentionDisplacementOver: one direction of D entries per token");
-  const Eigen::VectorXd& rho = cover.radius;
-  const double joint = JointRadiusUp(cover).value();
-  std::vector<HeadMoves> geo;
-  for (int h = 0; h < heads; ++h)
-    geo.push_back(L.kind == AttentionKind::kDot ? DotHeadMovesAt(L, h, cover.center)
-                                                : L2HeadMovesOver(L, h, cover.center, rho));
-
-  AttentionDisplacement out;
-  DisplacementReport& r = out.report;
+// Each head's pieces, row by row: into the report the logits' oscillation, TV and the values'
+// diameter; here the largest ||b_j - b_k|| over the row's keys, and along the directions
+// (when given) the values' diameter, the moves ||W_h^T w_i|| and the rows W_h^T w_i.
+struct HeadRows {
+  Eigen::MatrixXd diam_along, moves_along, db_max;  // (N, H)
+  std::vector<IntervalMatrix> along_rows;          // per head (N, D)
+};
+HeadRows HeadRowsOf(const AttentionLayer& L, const std::vector<HeadMoves>& geo, const Eigen::VectorXd& rho,
+                    double joint, const IntervalMatrix* dirs, DisplacementReport* report) {
+  const int n = int(rho.size()), heads = int(geo.size());
+  DisplacementReport& r = *report;
+  HeadRows out;
   r.logit_oscillation.resize(n, heads);
   r.total_variation.resize(n, heads);
   r.value_diameter.resize(n, heads);
-  Eigen::MatrixXd diam_along(n, heads), moves_along(n, heads), db_max(n, heads);
-  std::vector<IntervalMatrix> along_rows;  // per head: rows W_h^T w_i
+  out.diam_along.resize(n, heads);
+  out.moves_along.resize(n, heads);
+  out.db_max.resize(n, heads);
+  std::vector<IntervalMatrix>& along_rows = out.along_rows;
   along_rows.reserve(size_t(heads));
   for (int h = 0; h < heads; ++h) {
     const HeadMoves& G = geo[size_t(h)];
@@ -294,13 +289,38 @@ AttentionDisplacement AttentionDisplacementOver(const AttentionLayer& L, const T
       r.logit_oscillation(i, h) = w;
       r.total_variation(i, h) = SoftmaxTotalVariationUp(w);
       r.value_diameter(i, h) = diam;
-      db_max(i, h) = dbm;
+      out.db_max(i, h) = dbm;
       if (dirs) {
-        diam_along(i, h) = DiameterAlongUp(scalars, i, len);
-        moves_along(i, h) = NormUpOfMagnitudes(RowMagnitude(along_rows.back(), i), VectorNorm::kTwo);
+        out.diam_along(i, h) = DiameterAlongUp(scalars, i, len);
+        out.moves_along(i, h) = NormUpOfMagnitudes(RowMagnitude(along_rows.back(), i), VectorNorm::kTwo);
       }
     }
   }
+  return out;
+}
+
+}  // namespace
+
+AttentionDisplacement AttentionDisplacementOver(const AttentionLayer& L, const TokenCover& cover,
+                                                const IntervalMatrix* dirs) {
+  if (L.layer_norm || L.post_layer_norm)
+    throw std::invalid_argument("AttentionDisplacementOver: the layer must be MHA alone (no LayerNorm)");
+  const int n = int(cover.center.rows()), heads = L.heads;
+  if (cover.radius.size() != n) throw std::invalid_argument("AttentionDisplacementOver: one radius per token");
+  if (dirs && (dirs->rows() != n || dirs->cols() != L.d_model))
+    throw std::invalid_argument("AttentionDisplacementOver: one direction of D entries per token");
+  const Eigen::VectorXd& rho = cover.radius;
+  const double joint = JointRadiusUp(cover).value();
+  std::vector<HeadMoves> geo;
+  for (int h = 0; h < heads; ++h)
+    geo.push_back(L.kind == AttentionKind::kDot ? DotHeadMovesAt(L, h, cover.center)
+                                                : L2HeadMovesOver(L, h, cover.center, rho));
+
+  AttentionDisplacement out;
+  DisplacementReport& r = out.report;
+  HeadRows hr = HeadRowsOf(L, geo, rho, joint, dirs, &r);
+  const Eigen::MatrixXd &diam_along = hr.diam_along, &moves_along = hr.moves_along, &db_max = hr.db_max;
+  const std::vector<IntervalMatrix>& along_rows = hr.along_rows;
   // Token by token: the values' moves plus the softmax rows' shifts, each head by itself
   // (sum_h d_h TV_h) or, along the directions for dot heads over a ball, the heads together
   // (JointHeadsUp: the directions decide whether a token's variance can vanish, while the
