@@ -397,6 +397,10 @@ void RunMhaCertificates(CertifyRun& run, double seconds) {
   const bool two = run.opts.norm != NormKind::kL2;
   CertifyOptions mo = run.opts;
   mo.progress = false;  // its figures are MHA's, not f's
+  // Its bounds only: the sublayer searches for its own witness and gives its own
+  // probabilistic bound, so MHA's time goes to its engines.
+  mo.search.share = 0;
+  mo.probabilistic.enabled = false;
   mo.norm = NormKind::kL2;
   mo.time_limit_s = run.by_work() ? run.opts.time_limit_s : seconds / (two ? 2 : 1);
   mo.on_improvement = [&](const Certificate& m) {

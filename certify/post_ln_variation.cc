@@ -12,6 +12,7 @@
 #include "certify/layer_norm_cover.h"
 #include "certify/layer_norm_enclosure.h"
 #include "certify/post_layer_norm.h"
+#include "certify/post_ln_centre_rows.h"
 #include "certify/post_ln_y_cover.h"
 #include "certify/witness_eval.h"
 #include "interval/norms.h"
@@ -64,7 +65,8 @@ std::string PostLnVariationInputs::IsValid() const {
   for (Eigen::Index i = 0; i < ln_row_weights.size(); ++i)
     if (!(ln_row_weights(i) >= 0 && ln_row_weights(i) <= 1)) return "ln_row_weights: each must be in [0, 1]";
   for (const auto& [name, u] : {std::pair<const char*, UpperBound>{"ln_rows_centre", ln_rows_centre},
-                                {"ln_rows_variation", ln_rows_variation}})
+                                {"ln_rows_variation", ln_rows_variation},
+                                {"rows_centre", rows_centre}})
     if (std::isnan(u.value()) || u.value() < 0) return std::string(name) + ": must be >= 0 (+inf allowed)";
   return "";
 }
@@ -118,28 +120,6 @@ double WeightScaleUp(const Eigen::VectorXd& delta, const Eigen::VectorXd& w) {
   for (Eigen::Index i = 0; i < delta.size(); ++i)
     scale = std::max(scale, delta(i) == 0 ? 0.0 : w(i) > 0 ? DivUp(delta(i), w(i)) : kInf);
   return scale;
-}
-
-// >= ||diag(w) (I + J_M(X0))||_2 from the row blocks r_i >= ||J_{M,i}(X0)||_2 and c >= ||J_M(X0)||_2:
-// with A = I + J_M(X0), ||A_i|| <= 1 + r_i and ||A|| <= 1 + c, and for any set H of tokens
-//   ||diag(w) A||^2 = ||sum_i w_i^2 A_i^T A_i|| <= sum_{i in H} w_i^2 ||A_i||^2 + max_{i not in H} w_i^2 ||A||^2;
-// H runs over the k tokens of largest weight, k = 0..N, and the least is kept.
-double WeightedCentreUp(const Eigen::VectorXd& w, const Eigen::VectorXd& rows, double c) {
-  const Eigen::Index n = w.size();
-  std::vector<Eigen::Index> order(size_t(n), 0);
-  for (Eigen::Index i = 0; i < n; ++i) order[size_t(i)] = i;
-  std::sort(order.begin(), order.end(), [&](Eigen::Index a, Eigen::Index b) { return w(a) > w(b); });
-  const double whole = AddUp(1.0, c);
-  double best = kInf, heavy = 0;
-  for (Eigen::Index k = 0; k <= n; ++k) {
-    const double rest = k < n ? MulUp(w(order[size_t(k)]), whole) : 0.0;
-    best = std::min(best, SqrtUp(AddUp(heavy, MulUp(rest, rest))));
-    if (k == n || rows.size() != n) break;
-    const Eigen::Index i = order[size_t(k)];
-    const double a = MulUp(w(i), AddUp(1.0, rows(i)));
-    heavy = AddUp(heavy, MulUp(a, a));
-  }
-  return best;
 }
 
 // Per token of the cover of Y: ln_centre(i) >= ||D_i(yc_i)||_p and ln_var(i) >= sup over the
@@ -210,12 +190,17 @@ LayerNormTerms LayerNormTermsOf(const Eigen::VectorXd& ln_centre, const Eigen::V
 }
 
 // The bound's three terms, named by the route that gave each.
-std::vector<BoundTerm> NamedTerms(UpperBound centre, bool crude, UpperBound variation, bool heads_won,
+enum class CentreRoute { kCertified, kCrude, kLayerNormRows };
+std::vector<BoundTerm> NamedTerms(UpperBound centre, CentreRoute route, UpperBound variation, bool heads_won,
                                   UpperBound through_ln, bool rows_won, bool inf_rows) {
   return {
-      {crude ? "centre norm ||D(Yc)(I + J_M(X0))||, crude: max_i ||D_i(yc_i)|| x ||diag(w)(I + J_M(X0))|| from MHA's "
-               "row blocks"
-             : "centre norm ||D(Yc)(I + J_M(X0))||",
+      {route == CentreRoute::kCrude
+           ? "centre norm ||D(Yc)(I + J_M(X0))||, crude: max_i ||D_i(yc_i)|| x ||diag(w)(I + J_M(X0))|| from MHA's "
+             "row blocks"
+       : route == CentreRoute::kLayerNormRows
+           ? "centre norm ||D(Yc)(I + J_M(X0))||, from the LayerNorm's rows: its largest rows times I + J_M(X0) "
+             "(Gram certificate), the rest x ||diag(w)(I + J_M(X0))||"
+           : "centre norm ||D(Yc)(I + J_M(X0))||",
        centre},
       {heads_won  ? "MHA variation: max_i ||D_i(yc_i) Wo|| x sup ||J_H(X) - J_H(X0)|| (heads before Wo)"
        : inf_rows ? "MHA variation: max_i ||D_i(yc_i)|| x sup ||J_{M,i}(X) - J_{M,i}(X0)|| (token i's rows)"
@@ -266,8 +251,16 @@ EngineBound PostLnVariationBound(const AttentionLayer& L, const TokenCover& cove
     return out;
   }
   UpperBound centre = in.centre;
+  CentreRoute route = CentreRoute::kCertified;
   if (centre_missing) {
     centre = UpperBound(CrudeCentreUp(ln_centre, in));
+    route = CentreRoute::kCrude;
+    // The LayerNorm rows' centre holds at its own Y centre only.
+    if (in.rows_centre.value() < centre.value() && in.rows_centre_y.rows() == n &&
+        in.rows_centre_y.cols() == y_cover.center.cols() && in.rows_centre_y == y_cover.center) {
+      centre = in.rows_centre;
+      route = CentreRoute::kLayerNormRows;
+    }
     if (!Finite(centre)) {
       out.upper = UpperBound(kInf);
       out.note = "no certified centre norm and no finite crude one";
@@ -279,7 +272,7 @@ EngineBound PostLnVariationBound(const AttentionLayer& L, const TokenCover& cove
   const LayerNormTerms t = LayerNormTermsOf(ln_centre, ln_var, in, v_m, u_m);
   const UpperBound variation(std::min(t.through_mha, through_heads)), through_ln(std::min(t.ln_whole, t.ln_rows));
   out.upper = UpperBound(AddUp(AddUp(centre.value(), variation.value()), through_ln.value()));
-  out.terms = NamedTerms(centre, centre_missing, variation, through_heads < t.through_mha, through_ln,
+  out.terms = NamedTerms(centre, route, variation, through_heads < t.through_mha, through_ln,
                          t.ln_rows < t.ln_whole, t.inf_rows);
   char how[400];
   std::snprintf(how, sizeof how,
@@ -586,6 +579,19 @@ PostLnVariationInputs PostLnVariationInputsFor(const AttentionLayer& L, const In
         sum2 = AddUp(sum2, MulUp(in.mha_row_centre_l2(i), in.mha_row_centre_l2(i)));
       if (SqrtUp(sum2) < in.mha_l2_centre.value()) in.mha_l2_centre = UpperBound(SqrtUp(sum2));
       if (p == NormKind::kL2 && SqrtUp(sum2) < in.mha_centre.value()) in.mha_centre = UpperBound(SqrtUp(sum2));
+    }
+    // Norm 2 without a certified centre: the centre from the LayerNorm's rows, at the Y centre
+    // every cover of Y has (the enclosure of Y0).
+    if (p == NormKind::kL2 && !std::isfinite(centre_l2.value()) && jm.rows() == set.center.size()) {
+      const TokenCover yc =
+          PostLnYCover(L, TokenCover{set.center, Eigen::VectorXd::Zero(n), UpperBound(0), {}}, Eigen::VectorXd::Zero(n));
+      if (yc.center.allFinite()) {
+        const LayerNormRowSplit rows =
+            LayerNormRowSplitCentreUp(PostLnFactors(L, yc, NormKind::kL2).ln_jac, jm, in.mha_row_centre_l2,
+                                      in.mha_l2_centre, {0, 4 * n, 8 * n, 16 * n}, threads, ShareOf(deadline, 0.5));
+        in.rows_centre = rows.upper;
+        in.rows_centre_y = yc.center;
+      }
     }
     // MHA's variation where its pieces have none, then the heads' before Wo.
     if (!std::isfinite(in.mha_l2_variation.value()))

@@ -82,6 +82,11 @@ struct PostLnVariationInputs {
   Eigen::VectorXd ln_row_weights;
   UpperBound ln_rows_centre{kInf};
   UpperBound ln_rows_variation{kInf};
+  // Optional, norm 2 (+inf: not known): rows_centre >= ||D(Yc)(I + J_M(X0))||_2 from the
+  // LayerNorm's rows (LayerNormRowSplitCentreUp), certified at the Y centre rows_centre_y. The
+  // bound takes it where `centre` is +inf and its own cover of Y has that centre.
+  UpperBound rows_centre{kInf};
+  Eigen::MatrixXd rows_centre_y;
 
   // "" when valid, else a message naming the field.
   std::string IsValid() const;
