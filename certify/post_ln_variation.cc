@@ -513,6 +513,22 @@ void AddLayerNormRows(const AttentionLayer& L, const TokenCover& cover, int thre
   }
 }
 
+// in->rows_centre (LayerNormRowSplitCentreUp) at the Y centre every cover of Y has (the
+// enclosure of Y0), from the dense enclosure jm of J_M(X0), within half of the time left.
+void AddRowsCentre(const AttentionLayer& L, const Eigen::MatrixXd& x0, const IntervalMatrix& jm, int threads,
+                   std::chrono::steady_clock::time_point deadline, PostLnVariationInputs* in) {
+  const Eigen::Index n = x0.rows();
+  if (jm.rows() != x0.size()) return;
+  const TokenCover yc = PostLnYCover(L, TokenCover{x0, Eigen::VectorXd::Zero(n), UpperBound(0), {}}, Eigen::VectorXd::Zero(n));
+  if (!yc.center.allFinite()) return;
+  const int k = int(n);
+  const LayerNormRowSplit rows = LayerNormRowSplitCentreUp(PostLnFactors(L, yc, NormKind::kL2).ln_jac, jm, in->mha_row_centre_l2,
+                                                           in->mha_l2_centre, {0, 4 * k, 8 * k, 16 * k}, threads,
+                                                           ShareOf(deadline, 0.5));
+  in->rows_centre = rows.upper;
+  in->rows_centre_y = yc.center;
+}
+
 }  // namespace
 
 MhaPieces MhaPiecesOf(const Certificate& c) {
@@ -580,19 +596,8 @@ PostLnVariationInputs PostLnVariationInputsFor(const AttentionLayer& L, const In
       if (SqrtUp(sum2) < in.mha_l2_centre.value()) in.mha_l2_centre = UpperBound(SqrtUp(sum2));
       if (p == NormKind::kL2 && SqrtUp(sum2) < in.mha_centre.value()) in.mha_centre = UpperBound(SqrtUp(sum2));
     }
-    // Norm 2 without a certified centre: the centre from the LayerNorm's rows, at the Y centre
-    // every cover of Y has (the enclosure of Y0).
-    if (p == NormKind::kL2 && !std::isfinite(centre_l2.value()) && jm.rows() == set.center.size()) {
-      const TokenCover yc =
-          PostLnYCover(L, TokenCover{set.center, Eigen::VectorXd::Zero(n), UpperBound(0), {}}, Eigen::VectorXd::Zero(n));
-      if (yc.center.allFinite()) {
-        const LayerNormRowSplit rows =
-            LayerNormRowSplitCentreUp(PostLnFactors(L, yc, NormKind::kL2).ln_jac, jm, in.mha_row_centre_l2,
-                                      in.mha_l2_centre, {0, 4 * n, 8 * n, 16 * n}, threads, ShareOf(deadline, 0.5));
-        in.rows_centre = rows.upper;
-        in.rows_centre_y = yc.center;
-      }
-    }
+    // Norm 2 without a certified centre: the centre from the LayerNorm's rows.
+    if (p == NormKind::kL2 && !std::isfinite(centre_l2.value())) AddRowsCentre(L, set.center, jm, threads, deadline, &in);
     // MHA's variation where its pieces have none, then the heads' before Wo.
     if (!std::isfinite(in.mha_l2_variation.value()))
       in.mha_l2_variation = VariationOf(mha, cover, NormKind::kL2, threads, ShareOf(deadline, 0.3), deadline);
