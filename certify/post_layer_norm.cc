@@ -3,6 +3,10 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <optional>
 #include <stdexcept>
 
 #include "certify/post_ln_y_cover.h"
@@ -31,10 +35,61 @@ MhaInput PostLnFactorsOver(const AttentionLayer& L, const TokenCover& y_cover, N
   ln_only.layer_norm = *L.post_layer_norm;
   return MhaInputOver(ln_only, y_cover, p);
 }
+bool SameBits(const Eigen::MatrixXd& a, const Eigen::MatrixXd& b) {
+  return a.rows() == b.rows() && a.cols() == b.cols() &&
+         (a.size() == 0 || std::memcmp(a.data(), b.data(), sizeof(double) * size_t(a.size())) == 0);
+}
+bool SameBits(const Eigen::VectorXd& a, const Eigen::VectorXd& b) {
+  return a.size() == b.size() && (a.size() == 0 || std::memcmp(a.data(), b.data(), sizeof(double) * size_t(a.size())) == 0);
+}
+bool SameLayerNorm(const std::optional<LayerNormParams>& a, const std::optional<LayerNormParams>& b) {
+  if (a.has_value() != b.has_value()) return false;
+  return !a || (SameBits(a->gamma, b->gamma) && SameBits(a->beta, b->beta) &&
+                std::memcmp(&a->eps, &b->eps, sizeof(double)) == 0);
+}
+// Whether MHA's forward is the same map in both (every field it reads, bit for bit).
+bool SameForward(const AttentionLayer& a, const AttentionLayer& b) {
+  return a.kind == b.kind && a.d_model == b.d_model && a.heads == b.heads && a.head_dim_qk == b.head_dim_qk &&
+         a.head_dim_v == b.head_dim_v && a.causal == b.causal && SameBits(a.wq, b.wq) && SameBits(a.wk, b.wk) &&
+         SameBits(a.wv, b.wv) && SameBits(a.wo, b.wo) && SameBits(a.bq, b.bq) && SameBits(a.bk, b.bk) &&
+         SameBits(a.bv, b.bv) && SameBits(a.bo, b.bo) && SameLayerNorm(a.layer_norm, b.layer_norm);
+}
+
+// The last enclosures of Y0: one post-LN run asks for the same one from the composition, the
+// covers of Y and the centres about ten times, each an interval forward pass (0.8 s at MiniLM
+// N = 16). Kept by the full inputs, compared bit for bit.
+struct YMemo {
+  AttentionLayer mha;
+  Eigen::MatrixXd x0;
+  ExpBackend backend;
+  YEnclosure y;
+};
+std::mutex y_memo_mutex;
+std::deque<YMemo> y_memo;
+constexpr size_t kYMemoSize = 2;
+
+YEnclosure EncloseYUncached(const AttentionLayer& mha, const Eigen::MatrixXd& x0, ExpBackend exp_backend);
+
 }  // namespace
 
 YEnclosure EncloseY(const AttentionLayer& L, const Eigen::MatrixXd& x0, ExpBackend exp_backend) {
-  const AttentionLayer mha = L.post_ln() ? L.WithoutPostLayerNorm() : L;
+  AttentionLayer mha = L.post_ln() ? L.WithoutPostLayerNorm() : L;
+  mha.tensor_names.clear();
+  {
+    const std::lock_guard<std::mutex> lock(y_memo_mutex);
+    for (const YMemo& m : y_memo)
+      if (m.backend == exp_backend && SameBits(m.x0, x0) && SameForward(m.mha, mha)) return m.y;
+  }
+  YEnclosure y = EncloseYUncached(mha, x0, exp_backend);
+  const std::lock_guard<std::mutex> lock(y_memo_mutex);
+  y_memo.push_front({std::move(mha), x0, exp_backend, y});
+  if (y_memo.size() > kYMemoSize) y_memo.pop_back();
+  return y;
+}
+
+namespace {
+
+YEnclosure EncloseYUncached(const AttentionLayer& mha, const Eigen::MatrixXd& x0, ExpBackend exp_backend) {
   const Eigen::Index n = x0.rows(), d = x0.cols();
   Eigen::MatrixXd lo, hi;
   EncloseForward(mha, x0, exp_backend, &lo, &hi);
@@ -71,6 +126,8 @@ YEnclosure EncloseY(const AttentionLayer& L, const Eigen::MatrixXd& x0, ExpBacke
   y.err_frobenius = SqrtUp(all2);
   return y;
 }
+
+}  // namespace
 
 PostLayerNormBound ComposePostLayerNorm(const AttentionLayer& L, const TokenCover& cover, UpperBound mha_l2,
                                         UpperBound mha_p, NormKind p, ExpBackend exp_backend) {
@@ -333,12 +390,14 @@ void SetEngines(CertifyRun& run, const EngineResult& composition, bool final_lis
 
 // The composed bound from MHA's bounds so far (norm 2 for the cover of Y, norm p for the
 // factor), into the certificate in progress when it improves it.
-void ComposeSoFar(CertifyRun& run, UpperBound mha_l2, UpperBound mha_p) {
+// Returns the composition's seconds.
+double ComposeSoFar(CertifyRun& run, UpperBound mha_l2, UpperBound mha_p) {
   const auto [b, seconds] = Timed([&] { return ComposePostLayerNorm(run.layer, run.cover, mha_l2, mha_p, run.opts.norm); });
-  if (!(b.upper.value() < run.cert.upper_bound.value())) return;
+  if (!(b.upper.value() < run.cert.upper_bound.value())) return seconds;
   SetEngines(run, {EngineId::kPostLnComposition, b.upper, seconds, "in progress: MHA's certificate so far", true, {}, {}},
              false);
   run.Improved("post_ln_composition");
+  return seconds;
 }
 
 }  // namespace
@@ -352,7 +411,7 @@ double PostLnCentreAtPointSeconds(const CertifyRun& run) { return Until(run, Def
 bool PostLnCentreOverSetApplies(const CertifyRun& run) { return DenseCentre(run) && run.set.radius != 0; }
 // Until 55% of the limit: the variation after it needs the centre and about as long for its
 // own variations of MHA (the heads' and two row-weighted passes; MiniLM N = 32: 13 s).
-double PostLnCentreOverSetSeconds(const CertifyRun& run) { return Until(run, 0.55); }
+double PostLnCentreOverSetSeconds(const CertifyRun& run) { return Until(run, 0.62); }
 
 void RunPostLnCentre(CertifyRun& run, double seconds) {
   BoundOptions bo = BoundOptionsOf(run.opts, After(Clock::now(), seconds));
@@ -385,27 +444,27 @@ double MhaSeconds(const CertifyRun& run) {
   if (run.opts.norm != NormKind::kL2 && !run.layer.layer_norm && long(run.set.center.size()) <= kPostLnInfDenseLimit)
     return 2 * 0.15 * limit;
   if (!DenseCentre(run)) return run.set.radius != 0 && !run.layer.layer_norm ? 0.3 * limit : 0.8 * limit;
-  if (run.set.radius != 0) return 0.3 * limit;
+  if (run.set.radius != 0) return 0.25 * limit;
   const bool centred = run.post_ln.centre.applied && run.post_ln.centre.id == EngineId::kPostLnCentre;
   return std::max(0.05, std::min((centred ? 0.1 : 0.4) * limit, 0.5 * (limit - run.clock.Elapsed())));
 }
 
-// MHA alone through the stages of a layer without post-LN, each improvement composed into
-// the sublayer's certificate in progress (anytime, like the rest).
+// MHA alone through the stages of a layer without post-LN, its improvements composed into
+// the sublayer's certificate in progress (anytime, like the rest). The composition runs
+// inside MHA's time (the cover of Y with the attention's displacement: about 2 s at MiniLM
+// N = 16), so after the first one only while it costs under 2% of MHA's window.
 void RunMhaCertificates(CertifyRun& run, double seconds) {
   const AttentionLayer mha = run.layer.WithoutPostLayerNorm();
   const bool two = run.opts.norm != NormKind::kL2;
   CertifyOptions mo = run.opts;
   mo.progress = false;  // its figures are MHA's, not f's
-  // Its bounds only: the sublayer searches for its own witness and gives its own
-  // probabilistic bound, so MHA's time goes to its engines.
-  mo.search.share = 0;
-  mo.probabilistic.enabled = false;
   mo.norm = NormKind::kL2;
   mo.time_limit_s = run.by_work() ? run.opts.time_limit_s : seconds / (two ? 2 : 1);
+  double compose_s = -1;  // the last composition's seconds (-1: none yet)
   mo.on_improvement = [&](const Certificate& m) {
-    if (!two) ComposeSoFar(run, m.upper_bound, m.upper_bound);
-    else if (run.post_ln.mha_l2) ComposeSoFar(run, run.post_ln.mha_l2->upper_bound, m.upper_bound);
+    if (compose_s > 0.02 * mo.time_limit_s && !run.by_work()) return;
+    if (!two) compose_s = ComposeSoFar(run, m.upper_bound, m.upper_bound);
+    else if (run.post_ln.mha_l2) compose_s = ComposeSoFar(run, run.post_ln.mha_l2->upper_bound, m.upper_bound);
   };
   run.post_ln.mha_l2 = Certify(mha, run.set, mo, run.provenance);
   if (two) {
