@@ -130,7 +130,7 @@ LayerNormRowSplit LayerNormRowSplitCentreUp(const std::vector<IntervalMatrix>& l
       if (!std::isfinite(heavy_norm)) continue;  // the deadline passed during its certificate
     }
     const double total = SqrtUp(AddUp(MulUp(heavy_norm, heavy_norm), MulUp(rest, rest)));
-      if (std::isfinite(total) && total < out.upper.value()) {
+    if (std::isfinite(total) && total < out.upper.value()) {
       out.upper = UpperBound(total);
       out.heavy_rows = int(k);
       out.heavy_norm = UpperBound(heavy_norm);

@@ -143,6 +143,59 @@ TEST(PostLayerNorm, EncloseYHoldsAndIsSharedByTheCovers) {
   EXPECT_GT(rows, 2 * cases);
 }
 
+// EncloseY keeps its last enclosures: a layer or centre that differs in any bit the forward
+// reads (a weight, a bias, the mask, the centre) gets its own enclosure, which holds Y0 of that
+// layer (MPFR); the same inputs again give the same bits.
+TEST(PostLayerNorm, EncloseYKeptOnlyForTheSameLayerAndCentre) {
+  mpfr::mpreal::set_default_prec(256);
+  std::mt19937_64 rng(3702);
+  std::normal_distribution<double> g;
+  const long cases = testing::Count(8);
+  long checked = 0, moved = 0;
+  for (long c = 0; c < cases; ++c) {
+    const AttentionLayer L = RandomPostLn(int(c), rng);
+    const Eigen::MatrixXd x0 = Eigen::MatrixXd::NullaryExpr(2 + c % 3, L.d_model, [&] { return 2 * g(rng); });
+    const YEnclosure y = EncloseY(L, x0);
+    std::vector<std::pair<AttentionLayer, Eigen::MatrixXd>> variants;
+    for (int field = 0; field < 7; ++field) {
+      AttentionLayer v = L;
+      Eigen::MatrixXd xv = x0;
+      switch (field) {
+        case 0: v.wq(0, 0) += 1e-3; break;
+        case 1: v.wk(0, 1) += 1e-3; break;
+        case 2: v.wv(0, 0) += 1e-3; break;
+        case 3: v.wo(0, 0) += 1e-3; break;
+        case 4: if (v.bo.size()) v.bo(0) += 1e-3; else v.bo = Eigen::VectorXd::Constant(v.d_model, 1e-3); break;
+        case 5: v.causal = !v.causal; break;
+        case 6: xv(0, 0) += 1e-3; break;
+      }
+      variants.push_back({v, xv});
+    }
+    for (const auto& [v, xv] : variants) {
+      // The original just before, so that a key missing the changed field would return its enclosure.
+      EXPECT_EQ(EncloseY(L, x0).centre, y.centre);
+      const YEnclosure yv = EncloseY(v, xv);
+      ASSERT_TRUE(yv.finite);
+      const M ymp = M(xv.cast<mpreal>()) + Forward<mpreal>(v.WithoutPostLayerNorm(), M(xv.cast<mpreal>()));
+      for (Eigen::Index i = 0; i < xv.rows(); ++i) {
+        mpreal d2 = 0;
+        for (Eigen::Index a = 0; a < xv.cols(); ++a)
+          d2 += (ymp(i, a) - mpreal(yv.centre(i, a))) * (ymp(i, a) - mpreal(yv.centre(i, a)));
+        EXPECT_LE(mpfr::sqrt(d2).toDouble(), yv.err(i)) << "case " << c << " token " << i;
+      }
+      moved += yv.centre != y.centre;
+    }
+    const YEnclosure again = EncloseY(L, x0);
+    EXPECT_EQ(again.centre, y.centre);
+    EXPECT_EQ(again.err, y.err);
+    ++checked;
+  }
+  EXPECT_EQ(checked, cases);
+  // The weights, the output bias and the centre move Y0 in every case (the mask where N > 1 and
+  // not every key is visible anyway).
+  EXPECT_GE(moved, 5 * cases);
+}
+
 TEST(PostLayerNorm, ComposedBoundDominatesMpfrValuesAtRandomPoints) {
   std::mt19937_64 rng(2024);
   std::normal_distribution<double> g;
