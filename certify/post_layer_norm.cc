@@ -409,8 +409,9 @@ double ComposeSoFar(CertifyRun& run, UpperBound mha_l2, UpperBound mha_p) {
 bool PostLnCentreAtPointApplies(const CertifyRun& run) { return DenseCentre(run) && run.set.radius == 0; }
 double PostLnCentreAtPointSeconds(const CertifyRun& run) { return Until(run, Deflated(run) ? 0.85 : 0.7); }
 bool PostLnCentreOverSetApplies(const CertifyRun& run) { return DenseCentre(run) && run.set.radius != 0; }
-// Until 55% of the limit: the variation after it needs the centre and about as long for its
-// own variations of MHA (the heads' and two row-weighted passes; MiniLM N = 32: 13 s).
+// Until 62% of the limit: the variation after it needs the centre and about as long for its
+// own variations of MHA (the heads' and two row-weighted passes). MiniLM N = 16 at 40 s: the
+// dense centre takes 9.5-13 s, and at 55% it did not finish after MHA's 30%.
 double PostLnCentreOverSetSeconds(const CertifyRun& run) { return Until(run, 0.62); }
 
 void RunPostLnCentre(CertifyRun& run, double seconds) {
@@ -435,8 +436,8 @@ void RunPostLnCentre(CertifyRun& run, double seconds) {
 // split with the norm asked for when that is inf; 15% each where the sublayer's own inf
 // centre (post_ln_variation) runs after them. At a point where post_ln_centre ran first,
 // 40% of the limit or half of what is left, whichever is less (10% once J_f(X0) is
-// certified: the composed bound can only be looser); over a set before post_ln_centre, 30%
-// (the composition stays a usable fallback when the centre does not finish;
+// certified: the composed bound can only be looser); over a set before the dense
+// post_ln_centre, 25% (30% before the deflated one; the composition stays a usable fallback when the centre does not finish;
 // post_ln_variation, which needs MHA's variation only, computes it where the certificate
 // has none).
 double MhaSeconds(const CertifyRun& run) {

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <numeric>
 
 #include "certify/centre_norm.h"
 #include "interval/norms.h"

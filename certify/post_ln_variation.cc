@@ -66,7 +66,7 @@ std::string PostLnVariationInputs::IsValid() const {
     if (!(ln_row_weights(i) >= 0 && ln_row_weights(i) <= 1)) return "ln_row_weights: each must be in [0, 1]";
   for (const auto& [name, u] : {std::pair<const char*, UpperBound>{"ln_rows_centre", ln_rows_centre},
                                 {"ln_rows_variation", ln_rows_variation},
-                                {"rows_centre", rows_centre}})
+                                {"rows_centre.upper", rows_centre.upper}})
     if (std::isnan(u.value()) || u.value() < 0) return std::string(name) + ": must be >= 0 (+inf allowed)";
   return "";
 }
@@ -256,9 +256,9 @@ EngineBound PostLnVariationBound(const AttentionLayer& L, const TokenCover& cove
     centre = UpperBound(CrudeCentreUp(ln_centre, in));
     route = CentreRoute::kCrude;
     // The LayerNorm rows' centre holds at its own Y centre only.
-    if (in.rows_centre.value() < centre.value() && in.rows_centre_y.rows() == n &&
+    if (in.rows_centre.upper.value() < centre.value() && in.rows_centre_y.rows() == n &&
         in.rows_centre_y.cols() == y_cover.center.cols() && in.rows_centre_y == y_cover.center) {
-      centre = in.rows_centre;
+      centre = in.rows_centre.upper;
       route = CentreRoute::kLayerNormRows;
     }
     if (!Finite(centre)) {
@@ -284,6 +284,12 @@ EngineBound PostLnVariationBound(const AttentionLayer& L, const TokenCover& cove
                 t.ln_whole, t.ln_scale, in.ln_rows_centre.value(), in.ln_rows_variation.value(), t.ln_rows,
                 y_cover.radius.maxCoeff());
   out.note = how;
+  if (route == CentreRoute::kLayerNormRows) {
+    char rows[160];
+    std::snprintf(rows, sizeof rows, "; centre from the LayerNorm's rows: K %d, heavy rows %.6g, the rest %.6g",
+                  in.rows_centre.heavy_rows, in.rows_centre.heavy_norm.value(), in.rows_centre.rest.value());
+    out.note += rows;
+  }
   if (report) {
     report->y_cover = y_cover;
     report->ln_centre = ln_centre;
@@ -525,7 +531,7 @@ void AddRowsCentre(const AttentionLayer& L, const Eigen::MatrixXd& x0, const Int
   const LayerNormRowSplit rows = LayerNormRowSplitCentreUp(PostLnFactors(L, yc, NormKind::kL2).ln_jac, jm, in->mha_row_centre_l2,
                                                            in->mha_l2_centre, {0, 4 * k, 8 * k, 16 * k}, threads,
                                                            ShareOf(deadline, 0.5));
-  in->rows_centre = rows.upper;
+  in->rows_centre = rows;
   in->rows_centre_y = yc.center;
 }
 

@@ -31,6 +31,7 @@
 #include "certify/engine_bound.h"
 #include "certify/input_set.h"
 #include "certify/layer_norm_cover.h"
+#include "certify/post_ln_centre_rows.h"
 #include "certify/post_ln_y_cover.h"
 #include "certify/token_cover.h"
 #include "interval/elementary.h"
@@ -82,10 +83,11 @@ struct PostLnVariationInputs {
   Eigen::VectorXd ln_row_weights;
   UpperBound ln_rows_centre{kInf};
   UpperBound ln_rows_variation{kInf};
-  // Optional, norm 2 (+inf: not known): rows_centre >= ||D(Yc)(I + J_M(X0))||_2 from the
-  // LayerNorm's rows (LayerNormRowSplitCentreUp), certified at the Y centre rows_centre_y. The
-  // bound takes it where `centre` is +inf and its own cover of Y has that centre.
-  UpperBound rows_centre{kInf};
+  // Optional, norm 2 (upper +inf: not known): rows_centre.upper >= ||D(Yc)(I + J_M(X0))||_2 from
+  // the LayerNorm's rows (LayerNormRowSplitCentreUp, with its pieces for the note), certified at
+  // the Y centre rows_centre_y. The bound takes it where `centre` is +inf and its own cover of Y
+  // has that centre.
+  LayerNormRowSplit rows_centre;
   Eigen::MatrixXd rows_centre_y;
 
   // "" when valid, else a message naming the field.

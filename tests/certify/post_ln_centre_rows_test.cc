@@ -127,17 +127,18 @@ TEST(PostLnCentreRows, VariationTakesItOnlyAtItsOwnYCentre) {
     const MhaPieces m2 = MhaPiecesOver(mha, cover, NormKind::kL2, 1);
     PostLnVariationInputs in = PostLnVariationInputsFor(L, set, NormKind::kL2, m2, m2, UpperBound(kInf), 1,
                                                         std::chrono::steady_clock::time_point::max(), 1L << 30);
-    ASSERT_TRUE(std::isfinite(in.rows_centre.value())) << "case " << c;
+    ASSERT_TRUE(std::isfinite(in.rows_centre.upper.value())) << "case " << c;
     const Eigen::MatrixXd jf0 =
         DenseJacobian<mpfr::mpreal>(L, M(set.center.cast<mpfr::mpreal>())).unaryExpr([](const mpfr::mpreal& v) {
           return v.toDouble();
         });
     // The enclosure of Y0 moves the exact centre by rounding only (1e-6 relative, as the centre test).
-    EXPECT_GE(in.rows_centre.value(), Sigma1(jf0) * (1 - 1e-6)) << "case " << c;
+    EXPECT_GE(in.rows_centre.upper.value(), Sigma1(jf0) * (1 - 1e-6)) << "case " << c;
     const EngineBound b = PostLnVariationBound(L, cover, in);
     ASSERT_TRUE(std::isfinite(b.upper.value())) << "case " << c << ": " << b.note;
     const bool rows_won = b.terms.at(0).name.find("LayerNorm's rows") != std::string::npos;
-    EXPECT_EQ(b.terms.at(0).value.value() == in.rows_centre.value(), rows_won) << "case " << c;
+    EXPECT_EQ(b.terms.at(0).value.value() == in.rows_centre.upper.value(), rows_won) << "case " << c;
+    EXPECT_EQ(b.note.find("K " + std::to_string(in.rows_centre.heavy_rows)) != std::string::npos, rows_won) << b.note;
     in.rows_centre_y(0, 0) += 1e-3;
     const EngineBound moved = PostLnVariationBound(L, cover, in);
     EXPECT_NE(moved.terms.at(0).name.find("crude"), std::string::npos) << "case " << c;
