@@ -22,7 +22,6 @@ namespace lipcert {
 
 namespace {
 
-
 bool Finite(UpperBound u) { return std::isfinite(u.value()); }
 
 // The post-LN's LayerNorm as the pre-LN of an MHA-free layer, so that MhaInputOver gives its
@@ -191,6 +190,12 @@ LayerNormTerms LayerNormTermsOf(const Eigen::VectorXd& ln_centre, const Eigen::V
 
 // The bound's three terms, named by the route that gave each.
 enum class CentreRoute { kCertified, kCrude, kLayerNormRows };
+std::string RowsCentreNote(const LayerNormRowSplit& r) {
+  char rows[160];
+  std::snprintf(rows, sizeof rows, "; centre from the LayerNorm's rows: K %d, heavy rows %.6g, the rest %.6g",
+                r.heavy_rows, r.heavy_norm.value(), r.rest.value());
+  return rows;
+}
 std::vector<BoundTerm> NamedTerms(UpperBound centre, CentreRoute route, UpperBound variation, bool heads_won,
                                   UpperBound through_ln, bool rows_won, bool inf_rows) {
   return {
@@ -283,13 +288,7 @@ EngineBound PostLnVariationBound(const AttentionLayer& L, const TokenCover& cove
                 ln_wo.size() ? ln_wo.maxCoeff() : kInf, in.heads_variation.value(), through_heads, ln_var.maxCoeff(), u_m,
                 t.ln_whole, t.ln_scale, in.ln_rows_centre.value(), in.ln_rows_variation.value(), t.ln_rows,
                 y_cover.radius.maxCoeff());
-  out.note = how;
-  if (route == CentreRoute::kLayerNormRows) {
-    char rows[160];
-    std::snprintf(rows, sizeof rows, "; centre from the LayerNorm's rows: K %d, heavy rows %.6g, the rest %.6g",
-                  in.rows_centre.heavy_rows, in.rows_centre.heavy_norm.value(), in.rows_centre.rest.value());
-    out.note += rows;
-  }
+  out.note = how + (route == CentreRoute::kLayerNormRows ? RowsCentreNote(in.rows_centre) : std::string());
   if (report) {
     report->y_cover = y_cover;
     report->ln_centre = ln_centre;
@@ -528,10 +527,8 @@ void AddRowsCentre(const AttentionLayer& L, const Eigen::MatrixXd& x0, const Int
   const TokenCover yc = PostLnYCover(L, TokenCover{x0, Eigen::VectorXd::Zero(n), UpperBound(0), {}}, Eigen::VectorXd::Zero(n));
   if (!yc.center.allFinite()) return;
   const int k = int(n);
-  const LayerNormRowSplit rows = LayerNormRowSplitCentreUp(PostLnFactors(L, yc, NormKind::kL2).ln_jac, jm, in->mha_row_centre_l2,
-                                                           in->mha_l2_centre, {0, 4 * k, 8 * k, 16 * k}, threads,
-                                                           ShareOf(deadline, 0.5));
-  in->rows_centre = rows;
+  in->rows_centre = LayerNormRowSplitCentreUp(PostLnFactors(L, yc, NormKind::kL2).ln_jac, jm, in->mha_row_centre_l2,
+                                              in->mha_l2_centre, {0, 4 * k, 8 * k, 16 * k}, threads, ShareOf(deadline, 0.5));
   in->rows_centre_y = yc.center;
 }
 
