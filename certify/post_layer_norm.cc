@@ -27,14 +27,6 @@ namespace lipcert {
 
 namespace {
 
-// The post-LN's LayerNorm factors over a cover of Y: the pre-LN machinery (MhaInputOver) on a
-// layer whose pre-LN carries the post-LN's parameters. ell: sup ||J_LN||_p per token; ln_jac:
-// J_LN at the cover's centres; delta_ln: sup ||J_LN(y) - J_LN(yc)||_2 over each ball.
-MhaInput PostLnFactorsOver(const AttentionLayer& L, const TokenCover& y_cover, NormKind p) {
-  AttentionLayer ln_only = L.WithoutPostLayerNorm();
-  ln_only.layer_norm = *L.post_layer_norm;
-  return MhaInputOver(ln_only, y_cover, p);
-}
 bool SameBits(const Eigen::MatrixXd& a, const Eigen::MatrixXd& b) {
   return a.rows() == b.rows() && a.cols() == b.cols() &&
          (a.size() == 0 || std::memcmp(a.data(), b.data(), sizeof(double) * size_t(a.size())) == 0);

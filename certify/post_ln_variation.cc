@@ -13,6 +13,7 @@
 #include "certify/layer_norm_enclosure.h"
 #include "certify/post_layer_norm.h"
 #include "certify/post_ln_centre_rows.h"
+#include "certify/post_ln_inf.h"
 #include "certify/post_ln_y_cover.h"
 #include "certify/witness_eval.h"
 #include "interval/norms.h"
@@ -23,14 +24,6 @@ namespace lipcert {
 namespace {
 
 bool Finite(UpperBound u) { return std::isfinite(u.value()); }
-
-// The post-LN's LayerNorm as the pre-LN of an MHA-free layer, so that MhaInputOver gives its
-// Jacobian factors over a cover of Y (centre enclosures, sup over each ball, variation).
-MhaInput PostLnFactors(const AttentionLayer& L, const TokenCover& y_cover, NormKind p) {
-  AttentionLayer ln_only = L.WithoutPostLayerNorm();
-  ln_only.layer_norm = *L.post_layer_norm;
-  return MhaInputOver(ln_only, y_cover, p);
-}
 
 // >= ||D_i Wo||_p per token, D_i enclosed by ln_jac[i].
 Eigen::VectorXd LayerNormWoNormsUp(const AttentionLayer& L, const std::vector<IntervalMatrix>& ln_jac, NormKind p) {
@@ -61,6 +54,8 @@ std::string PostLnVariationInputs::IsValid() const {
     if (!(heads_row_weights(i) >= 0)) return "heads_row_weights: each must be >= 0";
   for (Eigen::Index i = 0; i < mha_row_variation_l2.size(); ++i)
     if (!(mha_row_variation_l2(i) >= 0)) return "mha_row_variation_l2: each must be >= 0 (+inf allowed)";
+  for (Eigen::Index i = 0; i < ln_mha_rows_inf.size(); ++i)
+    if (!(ln_mha_rows_inf(i) >= 0)) return "ln_mha_rows_inf: each must be >= 0 (+inf allowed)";
   for (Eigen::Index i = 0; i < ln_row_weights.size(); ++i)
     if (!(ln_row_weights(i) >= 0 && ln_row_weights(i) <= 1)) return "ln_row_weights: each must be in [0, 1]";
   for (const auto& [name, u] : {std::pair<const char*, UpperBound>{"ln_rows_centre", ln_rows_centre},
@@ -161,9 +156,10 @@ struct LayerNormTerms {
   double ln_rows = kInf;   // norm 2: max_i delta_i / w_i (ln_rows_centre + ln_rows_variation)
   double ln_scale = kInf;  // max_i delta_i / w_i
   bool inf_rows = false;   // the inf norm with MHA's rows
+  bool through_d = false;  // the inf norm's MHA term took some token's rows through D_i Wo
 };
 LayerNormTerms LayerNormTermsOf(const Eigen::VectorXd& ln_centre, const Eigen::VectorXd& ln_var,
-                                const PostLnVariationInputs& in, double v_m, double u_m) {
+                                const PostLnVariationInputs& in, double v_m, double u_m, const Eigen::MatrixXd& yc) {
   const Eigen::Index n = ln_centre.size();
   LayerNormTerms t;
   // D(Yc)(J_M(X) - J_M(X0)) has a block-diagonal left factor (its norm the largest block's); in
@@ -174,8 +170,13 @@ LayerNormTerms LayerNormTermsOf(const Eigen::VectorXd& ln_centre, const Eigen::V
     return t.inf_rows && in.mha_row_centre_inf.size() == n ? std::min(u_m, AddUp(in.mha_row_centre_inf(i), v_row(i)))
                                                            : u_m;
   };
+  // Token i's rows through D_i Wo hold at their own Y centre only.
+  const bool d_rows = t.inf_rows && in.ln_mha_rows_inf.size() == n && in.ln_mha_rows_y.rows() == yc.rows() &&
+                      in.ln_mha_rows_y.cols() == yc.cols() && in.ln_mha_rows_y == yc;
   for (Eigen::Index i = 0; i < n; ++i) {
-    t.through_mha = std::max(t.through_mha, MulUp(ln_centre(i), v_row(i)));
+    double mha_i = MulUp(ln_centre(i), v_row(i));
+    if (d_rows && in.ln_mha_rows_inf(i) < mha_i) mha_i = in.ln_mha_rows_inf(i), t.through_d = true;
+    t.through_mha = std::max(t.through_mha, mha_i);
     t.ln_whole = std::max(t.ln_whole, MulUp(ln_var(i), AddUp(1.0, u_row(i))));
   }
   // The LayerNorm's variation times I + J_M(X): as a whole, or token by token through the
@@ -197,7 +198,8 @@ std::string RowsCentreNote(const LayerNormRowSplit& r) {
   return rows;
 }
 std::vector<BoundTerm> NamedTerms(UpperBound centre, CentreRoute route, UpperBound variation, bool heads_won,
-                                  UpperBound through_ln, bool rows_won, bool inf_rows) {
+                                  UpperBound through_ln, bool rows_won, const LayerNormTerms& t) {
+  const bool inf_rows = t.inf_rows;
   return {
       {route == CentreRoute::kCrude
            ? "centre norm ||D(Yc)(I + J_M(X0))||, crude: max_i ||D_i(yc_i)|| x ||diag(w)(I + J_M(X0))|| from MHA's "
@@ -207,8 +209,9 @@ std::vector<BoundTerm> NamedTerms(UpperBound centre, CentreRoute route, UpperBou
              "(Gram certificate), the rest x ||diag(w)(I + J_M(X0))||"
            : "centre norm ||D(Yc)(I + J_M(X0))||",
        centre},
-      {heads_won  ? "MHA variation: max_i ||D_i(yc_i) Wo|| x sup ||J_H(X) - J_H(X0)|| (heads before Wo)"
-       : inf_rows ? "MHA variation: max_i ||D_i(yc_i)|| x sup ||J_{M,i}(X) - J_{M,i}(X0)|| (token i's rows)"
+      {heads_won    ? "MHA variation: max_i ||D_i(yc_i) Wo|| x sup ||J_H(X) - J_H(X0)|| (heads before Wo)"
+       : t.through_d ? "MHA variation: max_i sup ||D_i(yc_i)(J_{M,i}(X) - J_{M,i}(X0))|| (token i's rows through D_i Wo)"
+       : inf_rows   ? "MHA variation: max_i ||D_i(yc_i)|| x sup ||J_{M,i}(X) - J_{M,i}(X0)|| (token i's rows)"
                   : "MHA variation: max_i ||D_i(yc_i)|| x sup ||J_M(X) - J_M(X0)||",
        variation},
       {rows_won ? "LN variation: max_i delta_i / w_i x (||diag(w)(I + J_M(X0))|| + sup ||diag(w)(J_M(X) - J_M(X0))||), "
@@ -217,6 +220,19 @@ std::vector<BoundTerm> NamedTerms(UpperBound centre, CentreRoute route, UpperBou
                     "(1 + sup ||J_{M,i}||) (token i's rows)"
                   : "LN variation: max_i sup ||D_i(y_i) - D_i(yc_i)|| over the per-token cover of Y x (1 + U_M)",
        through_ln}};
+}
+
+void FillReport(const TokenCover& y_cover, const Eigen::VectorXd& ln_centre, const Eigen::VectorXd& ln_var,
+                const Eigen::VectorXd& ln_wo, const LayerNormTerms& t, double through_heads,
+                PostLnVariationReport* report) {
+  report->y_cover = y_cover;
+  report->ln_centre = ln_centre;
+  report->ln_variation = ln_var;
+  report->ln_wo = ln_wo;
+  report->through_mha = t.through_mha;
+  report->through_heads = through_heads;
+  report->ln_whole = t.ln_whole;
+  report->ln_rows = t.ln_rows;
 }
 
 }  // namespace
@@ -248,7 +264,7 @@ EngineBound PostLnVariationBound(const AttentionLayer& L, const TokenCover& cove
   const TokenCover y_cover = YCoverOf(L, cover, in, u2, exp_backend);
   // The LayerNorm factors: ln_jac at yc (radius 0 enclosures), delta_ln over the balls (norm 2),
   // ell the sup over the balls in the norm p.
-  const MhaInput f = PostLnFactors(L, y_cover, in.norm);
+  const MhaInput f = PostLnFactorsOver(L, y_cover, in.norm);
   Eigen::VectorXd ln_centre(n), ln_var(n);
   if (!LayerNormTermsOver(L, y_cover, f, in.norm, &ln_centre, &ln_var)) {
     out.upper = UpperBound(kInf);
@@ -274,31 +290,24 @@ EngineBound PostLnVariationBound(const AttentionLayer& L, const TokenCover& cove
   }
   Eigen::VectorXd ln_wo;
   const double through_heads = ThroughHeadsUp(L, f, in, &ln_wo);
-  const LayerNormTerms t = LayerNormTermsOf(ln_centre, ln_var, in, v_m, u_m);
+  const LayerNormTerms t = LayerNormTermsOf(ln_centre, ln_var, in, v_m, u_m, y_cover.center);
   const UpperBound variation(std::min(t.through_mha, through_heads)), through_ln(std::min(t.ln_whole, t.ln_rows));
   out.upper = UpperBound(AddUp(AddUp(centre.value(), variation.value()), through_ln.value()));
   out.terms = NamedTerms(centre, route, variation, through_heads < t.through_mha, through_ln,
-                         t.ln_rows < t.ln_whole, t.inf_rows);
+                         t.ln_rows < t.ln_whole, t);
   char how[400];
   std::snprintf(how, sizeof how,
                 "MHA term%s: max||D_i|| %.6g x V_M %.6g = %.6g; max||D_i Wo|| %.6g x V_H %.6g = %.6g; "
                 "LN term: max delta_i %.6g x (1 + U_M %.6g) = %.6g; max delta_i/w_i %.6g x (%.6g + %.6g) = %.6g; "
                 "max rho_i %.6g",
-                t.inf_rows ? " and LN term token by token (rows of J_M)" : "", ln_centre.maxCoeff(), v_m, t.through_mha,
+                t.through_d  ? " (rows through D_i Wo) and LN term token by token (rows of J_M)"
+                : t.inf_rows ? " and LN term token by token (rows of J_M)"
+                             : "", ln_centre.maxCoeff(), v_m, t.through_mha,
                 ln_wo.size() ? ln_wo.maxCoeff() : kInf, in.heads_variation.value(), through_heads, ln_var.maxCoeff(), u_m,
                 t.ln_whole, t.ln_scale, in.ln_rows_centre.value(), in.ln_rows_variation.value(), t.ln_rows,
                 y_cover.radius.maxCoeff());
   out.note = how + (route == CentreRoute::kLayerNormRows ? RowsCentreNote(in.rows_centre) : std::string());
-  if (report) {
-    report->y_cover = y_cover;
-    report->ln_centre = ln_centre;
-    report->ln_variation = ln_var;
-    report->ln_wo = ln_wo;
-    report->through_mha = t.through_mha;
-    report->through_heads = through_heads;
-    report->ln_whole = t.ln_whole;
-    report->ln_rows = t.ln_rows;
-  }
+  if (report) FillReport(y_cover, ln_centre, ln_var, ln_wo, t, through_heads, report);
   return out;
 }
 
@@ -339,84 +348,6 @@ Eigen::VectorXd MhaRowBlockNormsUp(const AttentionLayer& mha, const Eigen::Matri
 }
 
 namespace {
-PostLnCentreInfBounds TimedOut(PostLnCentreInfBounds out) {
-  out.timed_out = true;
-  out.note = "did not finish before its deadline";
-  return out;
-}
-
-// >= ||A_i||_inf for each token i's D rows of the enclosure (the largest upper row sum).
-Eigen::VectorXd RowBlockInfNormsUp(const IntervalMatrix& a, int n, int d) {
-  Eigen::VectorXd out = Eigen::VectorXd::Zero(n);
-  for (Eigen::Index r = 0; r < a.rows(); ++r) {
-    double sum = 0;
-    for (Eigen::Index c = 0; c < a.cols(); ++c) sum = AddUp(sum, AddUp(std::fabs(a.mid(r, c)), a.rad(r, c)));
-    out(r / d) = std::max(out(r / d), sum);
-  }
-  return out;
-}
-
-// The inf centre from jm, the dense enclosure of J_M(X0) (taken over: I is added in place).
-PostLnCentreInfBounds PostLnCentreInfFrom(const AttentionLayer& L, const Eigen::MatrixXd& x0, IntervalMatrix jm,
-                                          int threads, std::chrono::steady_clock::time_point deadline) {
-  PostLnCentreInfBounds out;
-  const int n = int(x0.rows()), d = int(x0.cols());
-  const auto passed = [&] { return std::chrono::steady_clock::now() > deadline; };
-  if (passed()) return TimedOut(out);
-  const double jm_inf = NormInfUpper(jm).value();
-  out.mha_upper = UpperBound(jm_inf);
-  out.mha_rows = RowBlockInfNormsUp(jm, n, d);
-  for (Eigen::Index i = 0; i < jm.rows(); ++i) {  // + I, the rounding of mid + 1 into the radius
-    const Interval e = Interval(jm.mid(i, i)) + Interval(1.0);
-    const double mid = 0.5 * e.lo + 0.5 * e.hi;
-    jm.rad(i, i) = AddUp(jm.rad(i, i), std::max(SubUp(e.hi, mid), SubUp(mid, e.lo)));
-    jm.mid(i, i) = mid;
-  }
-  // Y0 within balls of radius err_i around yc_i; D_i(yc_i) enclosed, and
-  // sup ||D_i(y) - D_i(yc_i)||_inf <= sqrt(D) sup ||D_i(y) - D_i(yc_i)||_2 over each ball.
-  const TokenCover y_cover = PostLnYCover(L, TokenCover{x0, Eigen::VectorXd::Zero(n), UpperBound(0), {}},
-                                          Eigen::VectorXd::Zero(n));
-  if (!y_cover.center.allFinite()) {
-    out.note = "no finite enclosure of Y0";
-    return out;
-  }
-  const MhaInput f = PostLnFactors(L, y_cover, NormKind::kL2);
-  const double moved = MulUp(MulUp(SqrtUp(double(d)), f.delta_ln.maxCoeff()), AddUp(1.0, jm_inf));
-  // Row sums of D_i(yc_i) (I + J_M(X0))_i, token by token (D x ND products, tokens in
-  // parallel), from both sides.
-  std::vector<double> ups(size_t(n), 0.0), downs(size_t(n), 0.0);
-  std::vector<int> rows(size_t(n), -1);
-  std::atomic<bool> late{false};
-  ParallelFor(n, WorkerCount(threads, n), [&](int i, int) {
-    if (late || passed()) {
-      late = true;
-      return;
-    }
-    const IntervalMatrix block(jm.mid.middleRows(i * d, d), jm.rad.middleRows(i * d, d));
-    const IntervalMatrix p = Mul(f.ln_jac[size_t(i)], block);
-    for (int a = 0; a < d; ++a) {
-      double up = 0, down = 0;
-      for (Eigen::Index c = 0; c < p.cols(); ++c) {
-        const double m = std::fabs(p.mid(a, c)), r = p.rad(a, c);
-        up = AddUp(up, AddUp(m, r));
-        down = AddDown(down, std::max(0.0, SubDown(m, r)));
-      }
-      ups[size_t(i)] = std::max(ups[size_t(i)], up);
-      if (down > downs[size_t(i)]) downs[size_t(i)] = down, rows[size_t(i)] = i * d + a;
-    }
-  });
-  if (late || passed()) return TimedOut(out);
-  double upper = 0, lower = 0;
-  int row = -1;
-  for (int i = 0; i < n; ++i) {
-    upper = std::max(upper, ups[size_t(i)]);
-    if (downs[size_t(i)] > lower) lower = downs[size_t(i)], row = rows[size_t(i)];
-  }
-  out.upper = UpperBound(AddUp(upper, moved));
-  out.lower = LowerBound(std::max(0.0, SubDown(lower, moved)));
-  out.row = row;
-  return out;
-}
 
 // The dense limit's refusal, or "" (the inf centre holds one (ND)^2 enclosure).
 std::string InfDenseRefusal(long nd, long dense_limit) {
@@ -469,7 +400,7 @@ Eigen::VectorXd LayerNormRowWeights(const AttentionLayer& L, const TokenCover& c
   const double u2 = MhaL2UpperOf(in);
   if (!std::isfinite(u2)) return {};
   const TokenCover y_cover = YCoverOf(L, cover, in, u2, DefaultExpBackend());
-  const MhaInput f = PostLnFactors(L, y_cover, NormKind::kL2);
+  const MhaInput f = PostLnFactorsOver(L, y_cover, NormKind::kL2);
   Eigen::VectorXd ln_centre(n), ln_var(n);
   if (!LayerNormTermsOver(L, y_cover, f, NormKind::kL2, &ln_centre, &ln_var)) return {};
   const double top = ln_var.maxCoeff();
@@ -487,7 +418,7 @@ Eigen::VectorXd HeadsRowWeights(const AttentionLayer& L, const Eigen::MatrixXd& 
   const TokenCover yc =
       PostLnYCover(L, TokenCover{x0, Eigen::VectorXd::Zero(n), UpperBound(0), {}}, Eigen::VectorXd::Zero(n));
   if (!yc.center.allFinite()) return {};
-  Eigen::VectorXd w = LayerNormWoNormsUp(L, PostLnFactors(L, yc, NormKind::kL2).ln_jac, NormKind::kL2);
+  Eigen::VectorXd w = LayerNormWoNormsUp(L, PostLnFactorsOver(L, yc, NormKind::kL2).ln_jac, NormKind::kL2);
   const double top = w.maxCoeff();
   if (!std::isfinite(top) || !(top > 0)) return {};
   for (Eigen::Index i = 0; i < n; ++i) w(i) = std::min(1.0, DivUp(w(i), top));
@@ -527,9 +458,30 @@ void AddRowsCentre(const AttentionLayer& L, const Eigen::MatrixXd& x0, const Int
   const TokenCover yc = PostLnYCover(L, TokenCover{x0, Eigen::VectorXd::Zero(n), UpperBound(0), {}}, Eigen::VectorXd::Zero(n));
   if (!yc.center.allFinite()) return;
   const int k = int(n);
-  in->rows_centre = LayerNormRowSplitCentreUp(PostLnFactors(L, yc, NormKind::kL2).ln_jac, jm, in->mha_row_centre_l2,
+  in->rows_centre = LayerNormRowSplitCentreUp(PostLnFactorsOver(L, yc, NormKind::kL2).ln_jac, jm, in->mha_row_centre_l2,
                                               in->mha_l2_centre, {0, 4 * k, 8 * k, 16 * k}, threads, ShareOf(deadline, 0.5));
   in->rows_centre_y = yc.center;
+}
+
+// in->ln_mha_rows_inf (LayerNormMhaRowsInfUp) at the Y centre every cover of Y has (the
+// enclosure of Y0), the tokens in the order of the term each competes with,
+// ||D_i(yc_i)||_inf min(V_M, v_i), until `deadline`.
+void AddLayerNormMhaRowsInf(const AttentionLayer& L, const TokenCover& cover, int threads,
+                            std::chrono::steady_clock::time_point deadline, PostLnVariationInputs* in) {
+  const Eigen::Index n = cover.center.rows();
+  if (in->mha_row_variation_inf.size() != n || !Finite(in->heads_variation)) return;
+  const TokenCover yc = PostLnYCover(L, TokenCover{cover.center, Eigen::VectorXd::Zero(n), UpperBound(0), {}},
+                                     Eigen::VectorXd::Zero(n));
+  if (!yc.center.allFinite()) return;
+  const MhaInput f = PostLnFactorsOver(L, yc, NormKind::kLinf);
+  Eigen::VectorXd current(n);
+  for (Eigen::Index i = 0; i < n; ++i)
+    current(i) = MulUp(NormInfUpper(f.ln_jac[size_t(i)]).value(),
+                       std::min(in->mha_variation.value(), in->mha_row_variation_inf(i)));
+  in->ln_mha_rows_inf =
+      LayerNormMhaRowsInfUp(L.WithoutPostLayerNorm(), cover, f.ln_jac, in->heads_variation, current, threads, deadline)
+          .upper;
+  in->ln_mha_rows_y = yc.center;
 }
 
 }  // namespace
@@ -641,6 +593,8 @@ PostLnVariationInputs PostLnVariationInputsFor(const AttentionLayer& L, const In
     if (c.mha_upper.value() < in.mha_centre.value()) in.mha_centre = c.mha_upper;
     if (set.radius > 0) in.mha_row_centre_inf = c.mha_rows;
     if (inf_centre) *inf_centre = c;
+    // After the centre, which the bound cannot do without.
+    if (set.radius > 0) AddLayerNormMhaRowsInf(L, CoverOf(set), threads, ShareOf(deadline, 0.85), &in);
   }
   return in;
 }

@@ -73,6 +73,12 @@ struct PostLnVariationInputs {
   // LayerNorm term max_i delta_i (1 + min(U_M, c_i + min(V_M, v_i))).
   Eigen::VectorXd mha_row_centre_inf;
   Eigen::VectorXd mha_row_variation_inf;
+  // Optional, inf norm (empty: not known): ln_mha_rows_inf(i) >= sup_S ||D_i(yc_i)(J_{M,i}(X) -
+  // J_{M,i}(X0))||_inf (LayerNormMhaRowsInfUp in certify/post_ln_inf.h; +inf where not computed),
+  // for the Y centre ln_mha_rows_y. Where the bound's own Y centre is that one, its MHA term takes
+  // the smaller of it and ||D_i(yc_i)||_inf min(V_M, v_i), token by token.
+  Eigen::VectorXd ln_mha_rows_inf;
+  Eigen::MatrixXd ln_mha_rows_y;
   // Optional, norm 2 (empty weights: not known): the LayerNorm variation's term token by token.
   // With weights w_i in [0, 1] (output token i's D rows times w_i),
   //   ln_rows_centre >= ||diag(w) (I + J_M(X0))||_2,  ln_rows_variation >= sup_S ||diag(w) (J_M(X) - J_M(X0))||_2,

@@ -42,6 +42,12 @@ IntervalMatrix CentredDirections(const Eigen::MatrixXd& yc, Eigen::VectorXd* w_n
 
 }  // namespace
 
+MhaInput PostLnFactorsOver(const AttentionLayer& L, const TokenCover& y_cover, NormKind p) {
+  AttentionLayer ln_only = L.WithoutPostLayerNorm();
+  ln_only.layer_norm = *L.post_layer_norm;
+  return MhaInputOver(ln_only, y_cover, p);
+}
+
 TokenCover PostLnYCover(const AttentionLayer& L, const TokenCover& cover, const Eigen::VectorXd& displacement,
                         ExpBackend exp_backend, UpperBound moved_frobenius) {
   if (!L.post_ln() || L.layer_norm) throw std::invalid_argument("PostLnYCover: the layer must be a post-LN sublayer");

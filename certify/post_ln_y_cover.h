@@ -6,6 +6,7 @@
 
 #include <Eigen/Dense>
 
+#include "certify/layer_norm_cover.h"
 #include "certify/token_cover.h"
 #include "interval/elementary.h"
 #include "models/attention_layer.h"
@@ -24,5 +25,10 @@ namespace lipcert {
 // Centre +inf entries (radius +inf) when the enclosure is not finite.
 TokenCover PostLnYCover(const AttentionLayer& layer, const TokenCover& cover, const Eigen::VectorXd& displacement,
                         ExpBackend exp_backend = DefaultExpBackend(), UpperBound moved_frobenius = UpperBound(kInf));
+
+// The post-LN's LayerNorm factors over a cover of Y: the pre-LN machinery (MhaInputOver) on a
+// layer whose pre-LN carries the post-LN's parameters. ell: sup ||J_LN||_p per token; ln_jac:
+// J_LN at the cover's centres; delta_ln: sup ||J_LN(y) - J_LN(yc)||_2 over each ball.
+MhaInput PostLnFactorsOver(const AttentionLayer& layer, const TokenCover& y_cover, NormKind p);
 
 }  // namespace lipcert

@@ -387,6 +387,65 @@ TEST(PostLnVariation, InfNormTokenByTokenDominatesMpfr) {
   EXPECT_GT(smaller, 0);
 }
 
+// The inf norm's MHA term through D_i Wo (LayerNormMhaRowsInfUp): each computed token's entry
+// dominates the MPFR ||D_i(yc_i)(J_{M,i}(X) - J_{M,i}(X0))||_inf at random points of the set; the
+// bound takes the smaller of it and ||D_i||_inf min(V_M, v_i), never more than without it and
+// less in some case, and only at the entries' own Y centre; the largest observed fraction of an
+// entry is printed (the inf variation's first-order routes, not a sup search).
+TEST(PostLnVariation, InfRowsThroughDiWoDominateMpfr) {
+  mpfr::mpreal::set_default_prec(256);
+  std::mt19937_64 rng(3611);
+  const long cases = testing::Count(12);
+  long entries = 0, points = 0, smaller = 0;
+  double best = 0;
+  for (long c = 0; c < cases; ++c) {
+    std::normal_distribution<double> g;
+    const AttentionLayer L = RandomSquareWoPostLn(c, rng);
+    InputSet set;
+    set.center = Eigen::MatrixXd::NullaryExpr(2 + c % 3, L.d_model, [&] { return 2 * g(rng); });
+    set.radius = std::pow(10.0, std::uniform_real_distribution<double>(-4, -2)(rng));
+    const AttentionLayer mha = L.WithoutPostLayerNorm();
+    const PostLnVariationInputs in = InputsFor(L, set, NormKind::kLinf);
+    const int n = int(set.center.rows()), d = L.d_model;
+    ASSERT_EQ(in.ln_mha_rows_inf.size(), n) << "case " << c;
+    PostLnVariationReport rep;
+    const EngineBound b = PostLnVariationBound(L, CoverOf(set), in, DefaultExpBackend(), &rep);
+    ASSERT_TRUE(std::isfinite(b.upper.value())) << "case " << c << ": " << b.note;
+    ASSERT_TRUE(in.ln_mha_rows_y == rep.y_cover.center) << "case " << c;
+    std::vector<Eigen::MatrixXd> d_yc(static_cast<size_t>(n));
+    for (int i = 0; i < n; ++i) d_yc[size_t(i)] = LayerNormJacobianMp(*L.post_layer_norm, rep.y_cover.center.row(i));
+    const Eigen::MatrixXd jm0 = JacobianMp(mha, set.center);
+    std::vector<double> seen(static_cast<size_t>(n), 0.0);
+    for (int k = 0; k < 6; ++k) {
+      const Eigen::MatrixXd dj = JacobianMp(mha, RandomPointIn(set, rng, k % 2 ? 1.0 : 0.5)) - jm0;
+      for (int i = 0; i < n; ++i) {
+        const double exact = RowSumMax(d_yc[size_t(i)] * dj.middleRows(i * d, d));
+        seen[size_t(i)] = std::max(seen[size_t(i)], exact);
+        EXPECT_LE(exact, in.ln_mha_rows_inf(i) * (1 + 1e-9) + 1e-300) << "case " << c << " point " << k << " token " << i;
+      }
+      ++points;
+    }
+    for (int i = 0; i < n; ++i)
+      if (std::isfinite(in.ln_mha_rows_inf(i))) {
+        ++entries;
+        if (in.ln_mha_rows_inf(i) > 0) best = std::max(best, seen[size_t(i)] / in.ln_mha_rows_inf(i));
+      }
+    PostLnVariationInputs without = in, elsewhere = in;
+    without.ln_mha_rows_inf.resize(0);
+    elsewhere.ln_mha_rows_y(0, 0) += 1e-3;  // another Y centre: the entries do not apply
+    const EngineBound b0 = PostLnVariationBound(L, CoverOf(set), without);
+    EXPECT_LE(b.terms.at(1).value.value(), b0.terms.at(1).value.value()) << "case " << c;
+    EXPECT_EQ(PostLnVariationBound(L, CoverOf(set), elsewhere).terms.at(1).value.value(), b0.terms.at(1).value.value())
+        << "case " << c;
+    if (b.terms.at(1).value.value() < b0.terms.at(1).value.value()) ++smaller;
+  }
+  EXPECT_EQ(points, 6 * cases);
+  EXPECT_GE(entries, cases);
+  EXPECT_GT(smaller, 0);
+  std::printf("MHA term through D_i Wo: %ld tokens computed, smaller in %ld of %ld cases, largest observed fraction %.3f\n",
+              entries, smaller, cases, best);
+}
+
 // The row blocks of J_M(X0): certified above the MPFR sigma_1 of each block and within 1e-6
 // of it (so 0.8 of it fails), and the cover of Y they give holds: ||y_i - yc_i|| <= rho_i at
 // random points and at the search's points of the set.

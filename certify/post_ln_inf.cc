@@ -1,0 +1,135 @@
+#include "certify/post_ln_inf.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <numeric>
+
+#include "certify/centred_engine.h"
+#include "certify/post_ln_y_cover.h"
+#include "interval/norms.h"
+#include "interval/parallel.h"
+#include "interval/rounding.h"
+
+namespace lipcert {
+
+namespace {
+
+PostLnCentreInfBounds TimedOut(PostLnCentreInfBounds out) {
+  out.timed_out = true;
+  out.note = "did not finish before its deadline";
+  return out;
+}
+
+// >= ||A_i||_inf for each token i's D rows of the enclosure (the largest upper row sum).
+Eigen::VectorXd RowBlockInfNormsUp(const IntervalMatrix& a, int n, int d) {
+  Eigen::VectorXd out = Eigen::VectorXd::Zero(n);
+  for (Eigen::Index r = 0; r < a.rows(); ++r) {
+    double sum = 0;
+    for (Eigen::Index c = 0; c < a.cols(); ++c) sum = AddUp(sum, AddUp(std::fabs(a.mid(r, c)), a.rad(r, c)));
+    out(r / d) = std::max(out(r / d), sum);
+  }
+  return out;
+}
+
+}  // namespace
+
+PostLnCentreInfBounds PostLnCentreInfFrom(const AttentionLayer& L, const Eigen::MatrixXd& x0, IntervalMatrix jm,
+                                          int threads, std::chrono::steady_clock::time_point deadline) {
+  PostLnCentreInfBounds out;
+  const int n = int(x0.rows()), d = int(x0.cols());
+  const auto passed = [&] { return std::chrono::steady_clock::now() > deadline; };
+  if (passed()) return TimedOut(out);
+  const double jm_inf = NormInfUpper(jm).value();
+  out.mha_upper = UpperBound(jm_inf);
+  out.mha_rows = RowBlockInfNormsUp(jm, n, d);
+  for (Eigen::Index i = 0; i < jm.rows(); ++i) {  // + I, the rounding of mid + 1 into the radius
+    const Interval e = Interval(jm.mid(i, i)) + Interval(1.0);
+    const double mid = 0.5 * e.lo + 0.5 * e.hi;
+    jm.rad(i, i) = AddUp(jm.rad(i, i), std::max(SubUp(e.hi, mid), SubUp(mid, e.lo)));
+    jm.mid(i, i) = mid;
+  }
+  // Y0 within balls of radius err_i around yc_i; D_i(yc_i) enclosed, and
+  // sup ||D_i(y) - D_i(yc_i)||_inf <= sqrt(D) sup ||D_i(y) - D_i(yc_i)||_2 over each ball.
+  const TokenCover y_cover = PostLnYCover(L, TokenCover{x0, Eigen::VectorXd::Zero(n), UpperBound(0), {}},
+                                          Eigen::VectorXd::Zero(n));
+  if (!y_cover.center.allFinite()) {
+    out.note = "no finite enclosure of Y0";
+    return out;
+  }
+  const MhaInput f = PostLnFactorsOver(L, y_cover, NormKind::kL2);
+  const double moved = MulUp(MulUp(SqrtUp(double(d)), f.delta_ln.maxCoeff()), AddUp(1.0, jm_inf));
+  // Row sums of D_i(yc_i) (I + J_M(X0))_i, token by token (D x ND products, tokens in
+  // parallel), from both sides.
+  std::vector<double> ups(size_t(n), 0.0), downs(size_t(n), 0.0);
+  std::vector<int> rows(size_t(n), -1);
+  std::atomic<bool> late{false};
+  ParallelFor(n, WorkerCount(threads, n), [&](int i, int) {
+    if (late || passed()) {
+      late = true;
+      return;
+    }
+    const IntervalMatrix block(jm.mid.middleRows(i * d, d), jm.rad.middleRows(i * d, d));
+    const IntervalMatrix p = Mul(f.ln_jac[size_t(i)], block);
+    for (int a = 0; a < d; ++a) {
+      double up = 0, down = 0;
+      for (Eigen::Index c = 0; c < p.cols(); ++c) {
+        const double m = std::fabs(p.mid(a, c)), r = p.rad(a, c);
+        up = AddUp(up, AddUp(m, r));
+        down = AddDown(down, std::max(0.0, SubDown(m, r)));
+      }
+      ups[size_t(i)] = std::max(ups[size_t(i)], up);
+      if (down > downs[size_t(i)]) downs[size_t(i)] = down, rows[size_t(i)] = i * d + a;
+    }
+  });
+  if (late || passed()) return TimedOut(out);
+  double upper = 0, lower = 0;
+  int row = -1;
+  for (int i = 0; i < n; ++i) {
+    upper = std::max(upper, ups[size_t(i)]);
+    if (downs[size_t(i)] > lower) lower = downs[size_t(i)], row = rows[size_t(i)];
+  }
+  out.upper = UpperBound(AddUp(upper, moved));
+  out.lower = LowerBound(std::max(0.0, SubDown(lower, moved)));
+  out.row = row;
+  return out;
+}
+
+
+LayerNormMhaRowsInf LayerNormMhaRowsInfUp(const AttentionLayer& mha, const TokenCover& cover,
+                                          const std::vector<IntervalMatrix>& ln_jac, UpperBound heads_variation,
+                                          const Eigen::VectorXd& current, int threads,
+                                          std::chrono::steady_clock::time_point deadline) {
+  const Eigen::Index n = cover.center.rows();
+  LayerNormMhaRowsInf out;
+  out.upper = Eigen::VectorXd::Constant(n, kInf);
+  if (Eigen::Index(ln_jac.size()) != n || current.size() != n || mha.wo.rows() != mha.d_model ||
+      mha.wo.cols() != mha.d_model)
+    return out;
+  std::vector<Eigen::Index> order(static_cast<size_t>(n));
+  std::iota(order.begin(), order.end(), Eigen::Index(0));
+  std::stable_sort(order.begin(), order.end(), [&](Eigen::Index a, Eigen::Index b) { return current(a) > current(b); });
+  double reached = 0;  // max over the tokens done of min(current, upper)
+  for (const Eigen::Index i : order) {
+    if (current(i) <= reached || std::chrono::steady_clock::now() > deadline) break;
+    const IntervalMatrix dw = Mul(ln_jac[size_t(i)], mha.wo);
+    AttentionLayer through = mha;
+    through.wo = dw.mid;
+    const double slack = dw.rad.isZero(0) ? 0.0
+                                          : MulUp(NormInfUpper(IntervalMatrix(Eigen::MatrixXd::Zero(dw.rows(), dw.cols()),
+                                                                              dw.rad)).value(),
+                                                  heads_variation.value());
+    BoundOptions bo;
+    bo.norm = NormKind::kLinf;
+    bo.threads = threads;
+    bo.deadline = deadline;
+    const CentredVariation v = CentredVariationBound(through, cover, bo, deadline);
+    if (!v.complete || v.row_variation.size() != n) break;
+    out.upper(i) = AddUp(v.row_variation(i), slack);
+    ++out.computed;
+    reached = std::max(reached, std::min(current(i), out.upper(i)));
+  }
+  return out;
+}
+
+}  // namespace lipcert
