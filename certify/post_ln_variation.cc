@@ -117,14 +117,17 @@ double WeightScaleUp(const Eigen::VectorXd& delta, const Eigen::VectorXd& w) {
 }
 
 // Per token of the cover of Y: ln_centre(i) >= ||D_i(yc_i)||_p and ln_var(i) >= sup over the
-// token's ball of ||D_i(y_i) - D_i(yc_i)||_p. False where Y0 has no finite enclosure.
+// token's ball of ||D_i(y_i) - D_i(yc_i)||_p, and ln_var_l2(i) the same in norm 2 (if non-null).
+// False where Y0 has no finite enclosure.
 bool LayerNormTermsOver(const AttentionLayer& L, const TokenCover& y_cover, const MhaInput& f, NormKind norm,
-                        Eigen::VectorXd* ln_centre, Eigen::VectorXd* ln_var) {
+                        Eigen::VectorXd* ln_centre, Eigen::VectorXd* ln_var, Eigen::VectorXd* ln_var_l2 = nullptr) {
+  if (ln_var_l2) ln_var_l2->resize(y_cover.center.rows());
   const double sqrt_d = SqrtUp(double(L.d_model));
   for (Eigen::Index i = 0; i < y_cover.center.rows(); ++i) {
     if (!y_cover.center.row(i).allFinite()) return false;
     const double delta2 =
         std::min(f.delta_ln(i), LayerNormVariationUp(*L.post_layer_norm, y_cover.center.row(i), y_cover.radius(i), CentredLo(y_cover, i)));
+    if (ln_var_l2) (*ln_var_l2)(i) = delta2;
     if (norm == NormKind::kL2) {
       (*ln_centre)(i) = NormL2UpperGram(f.ln_jac[size_t(i)], 1).value();
       (*ln_var)(i) = delta2;
@@ -157,9 +160,27 @@ struct LayerNormTerms {
   double ln_scale = kInf;  // max_i delta_i / w_i
   bool inf_rows = false;   // the inf norm with MHA's rows
   bool through_d = false;  // the inf norm's MHA term took some token's rows through D_i Wo
+  bool ln_via_l2 = false;  // the inf norm's LN term took some token's bound through norm 2
 };
+// In the inf norm, ||A||_inf <= sqrt(ND) ||A||_2 for A = (D_i(y_i) - D_i(yc_i))(I + J_M(X))_i
+// (D x ND: a row's l1 norm is at most sqrt(ND) its l2 norm), and ||(I + J_M(X))_i||_2 <=
+// 1 + min(U2, ||J_{M,i}(X0)||_2 + V_2): the LN term of token i is at most
+// sqrt(ND) delta2_i (1 + that), delta2_i >= sup ||D_i(y_i) - D_i(yc_i)||_2.
+double LayerNormTermViaL2Up(const PostLnVariationInputs& in, const Eigen::VectorXd& ln_var_l2, Eigen::Index i,
+                            double nd) {
+  const Eigen::Index n = ln_var_l2.size();
+  double u2_i = MhaL2UpperOf(in);
+  if (in.mha_row_centre_l2.size() == n) {
+    const double own = in.mha_row_variation_l2.size() == n
+                           ? std::min(in.mha_l2_variation.value(), in.mha_row_variation_l2(i))
+                           : in.mha_l2_variation.value();
+    u2_i = std::min(u2_i, AddUp(in.mha_row_centre_l2(i), own));
+  }
+  return MulUp(SqrtUp(nd), MulUp(ln_var_l2(i), AddUp(1.0, u2_i)));
+}
 LayerNormTerms LayerNormTermsOf(const Eigen::VectorXd& ln_centre, const Eigen::VectorXd& ln_var,
-                                const PostLnVariationInputs& in, double v_m, double u_m, const Eigen::MatrixXd& yc) {
+                                const Eigen::VectorXd& ln_var_l2, const PostLnVariationInputs& in, double v_m,
+                                double u_m, const Eigen::MatrixXd& yc) {
   const Eigen::Index n = ln_centre.size();
   LayerNormTerms t;
   // D(Yc)(J_M(X) - J_M(X0)) has a block-diagonal left factor (its norm the largest block's); in
@@ -177,7 +198,12 @@ LayerNormTerms LayerNormTermsOf(const Eigen::VectorXd& ln_centre, const Eigen::V
     double mha_i = MulUp(ln_centre(i), v_row(i));
     if (d_rows && in.ln_mha_rows_inf(i) < mha_i) mha_i = in.ln_mha_rows_inf(i), t.through_d = true;
     t.through_mha = std::max(t.through_mha, mha_i);
-    t.ln_whole = std::max(t.ln_whole, MulUp(ln_var(i), AddUp(1.0, u_row(i))));
+    double ln_i = MulUp(ln_var(i), AddUp(1.0, u_row(i)));
+    if (in.norm == NormKind::kLinf && ln_var_l2.size() == n) {
+      const double via_l2 = LayerNormTermViaL2Up(in, ln_var_l2, i, double(yc.size()));
+      if (via_l2 < ln_i) ln_i = via_l2, t.ln_via_l2 = true;
+    }
+    t.ln_whole = std::max(t.ln_whole, ln_i);
   }
   // The LayerNorm's variation times I + J_M(X): as a whole, or token by token through the
   // weighted pieces (norm 2).
@@ -216,8 +242,10 @@ std::vector<BoundTerm> NamedTerms(UpperBound centre, CentreRoute route, UpperBou
        variation},
       {rows_won ? "LN variation: max_i delta_i / w_i x (||diag(w)(I + J_M(X0))|| + sup ||diag(w)(J_M(X) - J_M(X0))||), "
                   "delta_i = sup ||D_i(y_i) - D_i(yc_i)|| over the per-token cover of Y"
-       : inf_rows ? "LN variation: max_i sup ||D_i(y_i) - D_i(yc_i)|| over the per-token cover of Y x "
-                    "(1 + sup ||J_{M,i}||) (token i's rows)"
+       : t.ln_via_l2 ? "LN variation: max_i min(sup ||D_i(y_i) - D_i(yc_i)|| x (1 + sup ||J_{M,i}||), "
+                       "sqrt(ND) x the same in norm 2) over the per-token cover of Y (token i's rows)"
+       : inf_rows    ? "LN variation: max_i sup ||D_i(y_i) - D_i(yc_i)|| over the per-token cover of Y x "
+                       "(1 + sup ||J_{M,i}||) (token i's rows)"
                   : "LN variation: max_i sup ||D_i(y_i) - D_i(yc_i)|| over the per-token cover of Y x (1 + U_M)",
        through_ln}};
 }
@@ -265,8 +293,8 @@ EngineBound PostLnVariationBound(const AttentionLayer& L, const TokenCover& cove
   // The LayerNorm factors: ln_jac at yc (radius 0 enclosures), delta_ln over the balls (norm 2),
   // ell the sup over the balls in the norm p.
   const MhaInput f = PostLnFactorsOver(L, y_cover, in.norm);
-  Eigen::VectorXd ln_centre(n), ln_var(n);
-  if (!LayerNormTermsOver(L, y_cover, f, in.norm, &ln_centre, &ln_var)) {
+  Eigen::VectorXd ln_centre(n), ln_var(n), ln_var_l2;
+  if (!LayerNormTermsOver(L, y_cover, f, in.norm, &ln_centre, &ln_var, &ln_var_l2)) {
     out.upper = UpperBound(kInf);
     out.note = "no finite enclosure of Y0";
     return out;
@@ -290,7 +318,7 @@ EngineBound PostLnVariationBound(const AttentionLayer& L, const TokenCover& cove
   }
   Eigen::VectorXd ln_wo;
   const double through_heads = ThroughHeadsUp(L, f, in, &ln_wo);
-  const LayerNormTerms t = LayerNormTermsOf(ln_centre, ln_var, in, v_m, u_m, y_cover.center);
+  const LayerNormTerms t = LayerNormTermsOf(ln_centre, ln_var, ln_var_l2, in, v_m, u_m, y_cover.center);
   const UpperBound variation(std::min(t.through_mha, through_heads)), through_ln(std::min(t.ln_whole, t.ln_rows));
   out.upper = UpperBound(AddUp(AddUp(centre.value(), variation.value()), through_ln.value()));
   out.terms = NamedTerms(centre, route, variation, through_heads < t.through_mha, through_ln,

@@ -350,7 +350,7 @@ TEST(PostLnVariation, InfNormTokenByTokenDominatesMpfr) {
   mpfr::mpreal::set_default_prec(256);
   std::mt19937_64 rng(3610);
   const long cases = testing::Count(12);
-  long points = 0, smaller = 0;
+  long points = 0, smaller = 0, via_l2 = 0;
   for (long c = 0; c < cases; ++c) {
     const SetCase s = RandomSetCase(c, rng, -3, -1);
     const AttentionLayer& L = s.layer;
@@ -382,9 +382,11 @@ TEST(PostLnVariation, InfNormTokenByTokenDominatesMpfr) {
     EXPECT_LE(by_rows.terms.at(1).value.value(), b.terms.at(1).value.value()) << "case " << c;
     EXPECT_LE(by_rows.terms.at(2).value.value(), b.terms.at(2).value.value()) << "case " << c;
     if (by_rows.upper.value() < b.upper.value()) ++smaller;
+    if (by_rows.terms[2].name.find("sqrt(ND)") != std::string::npos) ++via_l2;
   }
   EXPECT_EQ(points, 6 * cases);
   EXPECT_GT(smaller, 0);
+  EXPECT_GT(via_l2, 0);  // the LN term through norm 2 (checked against MPFR by BoundAndTermsDominateMpfrAtRandomPoints)
 }
 
 // The inf norm's MHA term through D_i Wo (LayerNormMhaRowsInfUp): each computed token's entry
