@@ -1,6 +1,7 @@
 #include "certify/layer_norm_cover.h"
 
 #include <algorithm>
+#include <stdexcept>
 #include <cmath>
 
 #include "certify/layer_norm_enclosure.h"
@@ -158,6 +159,26 @@ IntervalMatrix LayerNormJacobianEnclosure(const Eigen::VectorXd& gamma, const st
     m.rad(a, a) = diag.rad(0, 0);
   }
   return m;
+}
+
+IntervalMatrix LayerNormProjectionTimes(const LayerNormParams& ln, const Eigen::RowVectorXd& y, const IntervalMatrix& a,
+                                        std::vector<Interval>* row_gain) {
+  const int d = int(y.size());
+  if (a.rows() != d) throw std::invalid_argument("LayerNormProjectionTimes: A needs D rows");
+  const LayerNormRowEnclosure r = EncloseLayerNormRow(ln, y);
+  const Interval inv_d = Interval(1.0) / Interval(double(d));
+  Eigen::MatrixXd w_lo(d, 2), w_hi(d, 2), v_lo(d, 2), v_hi(d, 2);
+  row_gain->resize(size_t(d));
+  for (int k = 0; k < d; ++k) {
+    const Interval& x = r.xhat[size_t(k)];
+    const Interval w1 = x * inv_d;
+    w_lo(k, 0) = inv_d.lo, w_hi(k, 0) = inv_d.hi, w_lo(k, 1) = w1.lo, w_hi(k, 1) = w1.hi;
+    v_lo(k, 0) = v_hi(k, 0) = 1.0;
+    v_lo(k, 1) = x.lo, v_hi(k, 1) = x.hi;
+    (*row_gain)[size_t(k)] = Interval(ln.gamma(k)) / r.sigma;
+  }
+  const IntervalMatrix vt_a = Mul(IntervalMatrix::FromBounds(v_lo, v_hi).transpose(), a);
+  return a - Mul(IntervalMatrix::FromBounds(w_lo, w_hi), vt_a);
 }
 
 MhaInput MhaInputOver(const AttentionLayer& L, const TokenCover& cover, NormKind p) {

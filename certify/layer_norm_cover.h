@@ -32,6 +32,14 @@ IntervalMatrix LayerNormJacobianEnclosure(const Eigen::VectorXd& gamma, const st
                                           const Interval& inv_sigma, const Interval& inv_d);
 MhaInput MhaInputOver(const AttentionLayer& layer, const TokenCover& cover, NormKind p);
 
+// J_LN(y) = diag(g) Pi, g_a = gamma_a / sigma(y) and Pi = I - 11^T/D - yhat yhat^T/D, at the
+// point y (EncloseLayerNormRow's quantities). Encloses Pi A for every A in `a` (D x m) as
+// A - W (V^T A), W = [1/D, yhat/D] and V = [1, yhat]: two rank-2 products, O(D m) work where
+// J_LN(y) A costs O(D^2 m). *row_gain receives the enclosures of g_a: row a of J_LN(y) A is g_a
+// times row a of the result.
+IntervalMatrix LayerNormProjectionTimes(const LayerNormParams& ln, const Eigen::RowVectorXd& y, const IntervalMatrix& a,
+                                        std::vector<Interval>* row_gain);
+
 // >= sup ||J_LN(x)||_inf over a token's ball of radius rho around x0, where c encloses the
 // centred entries of x0 and sigma_lo <= sigma over the ball.
 double LayerNormInfNormUp(const LayerNormParams& ln, const std::vector<Interval>& c, double rho, double sigma_lo);

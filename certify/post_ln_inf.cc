@@ -6,6 +6,7 @@
 #include <numeric>
 
 #include "certify/centred_engine.h"
+#include "certify/layer_norm_cover.h"
 #include "certify/post_ln_y_cover.h"
 #include "interval/norms.h"
 #include "interval/parallel.h"
@@ -70,7 +71,9 @@ PostLnCentreInfBounds PostLnCentreInfFrom(const AttentionLayer& L, const Eigen::
       return;
     }
     const IntervalMatrix block(jm.mid.middleRows(i * d, d), jm.rad.middleRows(i * d, d));
-    const IntervalMatrix p = Mul(f.ln_jac[size_t(i)], block);
+    // Row a of D_i(yc_i) A_i is g_a times row a of the projection's product: its sums scale by |g_a|.
+    std::vector<Interval> gain;
+    const IntervalMatrix p = LayerNormProjectionTimes(*L.post_layer_norm, y_cover.center.row(i), block, &gain);
     for (int a = 0; a < d; ++a) {
       double up = 0, down = 0;
       for (Eigen::Index c = 0; c < p.cols(); ++c) {
@@ -78,6 +81,8 @@ PostLnCentreInfBounds PostLnCentreInfFrom(const AttentionLayer& L, const Eigen::
         up = AddUp(up, AddUp(m, r));
         down = AddDown(down, std::max(0.0, SubDown(m, r)));
       }
+      up = MulUp(gain[size_t(a)].Mag(), up);
+      down = MulDown(gain[size_t(a)].Mig(), down);
       ups[size_t(i)] = std::max(ups[size_t(i)], up);
       if (down > downs[size_t(i)]) downs[size_t(i)] = down, rows[size_t(i)] = i * d + a;
     }

@@ -159,6 +159,43 @@ std::vector<Eigen::RowVectorXd> BallSamples(std::mt19937_64& rng, const LnCase& 
 
 // LayerNormVariationInfUp stays above the 256-bit ||J_LN(y) - J_LN(yc)||_inf on the ball's
 // samples and its worst-looking points, for small and large radii (past the centred norm too).
+// J_LN(x) A through its projection (LayerNormProjectionTimes): g_a times row a of the
+// enclosure holds the 256-bit product for point and interval A, and stays tight.
+TEST(LayerNormCoverTest, ProjectionTimesHoldsTheExactProductTightly) {
+  std::mt19937_64 rng(12);
+  std::normal_distribution<double> gauss(0.0, 1.0);
+  long checked = 0;
+  const long cases = testing::Count(12);
+  for (long t = 0; t < cases; ++t) {
+    const int d = t % 3 == 0 ? 7 : (t % 3 == 1 ? 32 : 96), m = 1 + int(t % 5);
+    LayerNormParams ln;
+    ln.gamma = Eigen::VectorXd(d);
+    ln.beta = Eigen::VectorXd::Zero(d);
+    for (int a = 0; a < d; ++a) ln.gamma(a) = std::exp(gauss(rng));
+    ln.eps = t % 2 ? 1e-12 : 1e-5;
+    Eigen::RowVectorXd x(d);
+    for (int a = 0; a < d; ++a) x(a) = 0.7 + (t % 4 == 0 ? 1e-3 : 3.0) * gauss(rng);
+    const Eigen::MatrixXd a_mid = Eigen::MatrixXd::NullaryExpr(d, m, [&] { return gauss(rng); });
+    const double a_rad = t % 2 ? 0.0 : 1e-9;
+    std::vector<Interval> gain;
+    const IntervalMatrix p = LayerNormProjectionTimes(ln, x, IntervalMatrix::Ball(a_mid, a_rad), &gain);
+    ASSERT_EQ(gain.size(), size_t(d));
+    const std::vector<mpreal> j = ExactLayerNormJacobian(ln, x);
+    for (int a = 0; a < d; ++a)
+      for (int c = 0; c < m; ++c) {
+        mpreal e = 0;
+        for (int b = 0; b < d; ++b) e += j[size_t(a) * d + b] * mpreal(a_mid(b, c));
+        const Interval enc = gain[size_t(a)] * p(a, c);
+        ASSERT_LE(mpreal(enc.lo), e) << "case " << t << " (" << a << "," << c << ")";
+        ASSERT_GE(mpreal(enc.hi), e) << "case " << t << " (" << a << "," << c << ")";
+        ASSERT_LE(enc.hi - enc.lo, 1e-10 * (1 + std::fabs(e.toDouble())) + 4 * a_rad * d * gain[size_t(a)].Mag())
+            << "case " << t << " (" << a << "," << c << ")";
+        ++checked;
+      }
+  }
+  EXPECT_EQ(cases == 0, checked == 0);
+}
+
 TEST(LayerNormCoverTest, InfVariationHoldsOverTheBall) {
   std::mt19937_64 rng(23);
   const long cases = testing::Count(60);
