@@ -123,9 +123,9 @@ LayerNormRowSplit LayerNormRowSplitCentreUp(const std::vector<IntervalMatrix>& l
     const double rest = t > 0 ? MulUp(t, WeightedCentreUp(w, mha_rows, mha_centre.value())) : 0.0;
     double heavy_norm = 0;
     if (k > 0) {
-      // ||B_H|| = ||B_H^T||, whose Gram matrix is K x K.
-      const IntervalMatrix b_ht(all_heavy.mid.topRows(k).transpose(), all_heavy.rad.topRows(k).transpose());
-      heavy_norm = NormL2UpperGram(b_ht, threads, nullptr, deadline).value();
+      // B_H (K x ND) is wide: the certificate takes its K x K Gram matrix B_H B_H^T.
+      const IntervalMatrix b_h(all_heavy.mid.topRows(k), all_heavy.rad.topRows(k));
+      heavy_norm = NormL2UpperGram(b_h, threads, nullptr, deadline).value();
       if (!std::isfinite(heavy_norm)) continue;  // the deadline passed during its certificate
     }
     const double total = SqrtUp(AddUp(MulUp(heavy_norm, heavy_norm), MulUp(rest, rest)));

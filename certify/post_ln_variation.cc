@@ -358,9 +358,9 @@ Eigen::VectorXd RowBlockL2NormsUp(const IntervalMatrix& jm, int n, int d, int th
   if (std::chrono::steady_clock::now() > deadline) return {};
   Eigen::VectorXd out(n);
   for (int i = 0; i < n; ++i) {
-    // ||B|| = ||B^T||, and B^T (ND x D) has the D x D Gram matrix.
-    const IntervalMatrix bt(jm.mid.middleRows(i * d, d).transpose(), jm.rad.middleRows(i * d, d).transpose());
-    out(i) = NormL2UpperGram(bt, threads, nullptr, deadline).value();
+    // B (D x ND) is wide: the certificate takes its D x D Gram matrix B B^T.
+    const IntervalMatrix b(jm.mid.middleRows(i * d, d), jm.rad.middleRows(i * d, d));
+    out(i) = NormL2UpperGram(b, threads, nullptr, deadline).value();
     if (!std::isfinite(out(i))) return {};
   }
   return out;

@@ -31,12 +31,12 @@ void ForColumnChunks(Eigen::Index cols, int threads, Fn&& fn) {
   });
 }
 
-// fl(m^T m) into *g, exactly symmetric (each lower tile mirrored by the task that computed
-// it), tiles on `threads` workers; *g keeps its storage when it already has the size.
-
+// fl(m^T m) into *g (of_rows: fl(m m^T), by tiles of m's rows, without a transposed copy),
+// exactly symmetric (each lower tile mirrored by the task that computed it), tiles on
+// `threads` workers; *g keeps its storage when it already has the size.
 template <typename Matrix>
-void GramInto(const Matrix& m, int threads, Deadline deadline, Matrix* g) {
-  const Eigen::Index n = m.cols(), tile = 256;
+void GramInto(const Matrix& m, int threads, Deadline deadline, Matrix* g, bool of_rows = false) {
+  const Eigen::Index n = of_rows ? m.rows() : m.cols(), tile = 256;
   const int nt = int((n + tile - 1) / tile);
   std::vector<std::pair<int, int>> tasks;
   for (int a = 0; a < nt; ++a)
@@ -47,7 +47,10 @@ void GramInto(const Matrix& m, int threads, Deadline deadline, Matrix* g) {
     if (Past(deadline)) return;  // the caller checks the deadline again and discards g
     const Eigen::Index ra = std::min(tile, n - a * tile), rb = std::min(tile, n - b * tile);
     auto lower = g->block(a * tile, b * tile, ra, rb);
-    lower.noalias() = m.middleCols(a * tile, ra).transpose() * m.middleCols(b * tile, rb);
+    if (of_rows)
+      lower.noalias() = m.middleRows(a * tile, ra) * m.middleRows(b * tile, rb).transpose();
+    else
+      lower.noalias() = m.middleCols(a * tile, ra).transpose() * m.middleCols(b * tile, rb);
     if (a != b) {
       g->block(b * tile, a * tile, rb, ra) = lower.transpose();
     } else {
@@ -159,7 +162,7 @@ void FloatGramInto(const Eigen::MatrixXd& m, int threads, Deadline deadline, boo
   } else if (tall) {
     GramInto(m, threads, deadline, &a);
   } else {
-    GramInto(Eigen::MatrixXd(m.transpose()), threads, deadline, &a);
+    GramInto(m, threads, deadline, &a, /*of_rows=*/true);
   }
 }
 

@@ -684,6 +684,10 @@ TEST(CentreNormTest, TiledGramCertificateIsExactAboveTheSvd) {
     EXPECT_LE(b_mixed, Sigma1(mixed) * (1 + 1e-7));
     // The Gram matrix in single precision (the super-blocks' blocks): still above, and
     // within its gamma_k(2^-24) ||a||_F^2 (about 3e-3 relative here).
+    // The wide transpose: its Gram matrix of rows by tiles (no transposed copy), the same sigma_1.
+    const double b_wide = NormL2UpperGram(Eigen::MatrixXd(a.transpose()), 2, nullptr, max_time, nullptr, &workspace).value();
+    EXPECT_GE(b_wide, sigma * (1 - 1e-13));
+    EXPECT_LE(b_wide, sigma * (1 + 1e-7));
     const double b_single = NormL2UpperGram(IntervalMatrix::Point(a), 2, nullptr, max_time, nullptr, &workspace,
                                             GramPrecision::kSingle).value();
     EXPECT_GE(b_single, sigma * (1 - 1e-13));
