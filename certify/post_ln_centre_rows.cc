@@ -9,22 +9,33 @@
 
 namespace lipcert {
 
-double WeightedCentreUp(const Eigen::VectorXd& w, const Eigen::VectorXd& rows, double c) {
+namespace {
+
+// The split below for ||diag(w) (e I + J_M(X0))||, e = 1 or 0: ||A_i|| <= e + r_i, ||A|| <= e + c.
+double WeightedSplitUp(const Eigen::VectorXd& w, const Eigen::VectorXd& rows, double c, double e) {
   const Eigen::Index n = w.size();
   std::vector<Eigen::Index> order(size_t(n), 0);
   for (Eigen::Index i = 0; i < n; ++i) order[size_t(i)] = i;
   std::sort(order.begin(), order.end(), [&](Eigen::Index a, Eigen::Index b) { return w(a) > w(b); });
-  const double whole = AddUp(1.0, c);
+  const double whole = AddUp(e, c);
   double best = kInf, heavy = 0;
   for (Eigen::Index k = 0; k <= n; ++k) {
     const double rest = k < n ? MulUp(w(order[size_t(k)]), whole) : 0.0;
     best = std::min(best, SqrtUp(AddUp(heavy, MulUp(rest, rest))));
     if (k == n || rows.size() != n) break;
     const Eigen::Index i = order[size_t(k)];
-    const double a = MulUp(w(i), AddUp(1.0, rows(i)));
+    const double a = MulUp(w(i), AddUp(e, rows(i)));
     heavy = AddUp(heavy, MulUp(a, a));
   }
   return best;
+}
+
+}  // namespace
+
+double WeightedCentreUp(const Eigen::VectorXd& w, const Eigen::VectorXd& rows, double c) {
+  if (w.size() == 0) return 0.0;
+  // The identity whole (||diag(w)|| = max w) or in every row block.
+  return std::min(WeightedSplitUp(w, rows, c, 1.0), AddUp(w.maxCoeff(), WeightedSplitUp(w, rows, c, 0.0)));
 }
 
 namespace {

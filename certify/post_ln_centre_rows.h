@@ -18,7 +18,9 @@ namespace lipcert {
 // known) and c >= ||J_M(X0)||_2: with A = I + J_M(X0), ||A_i|| <= 1 + r_i and ||A|| <= 1 + c,
 // and for any set H of tokens
 //   ||diag(w) A||^2 = ||sum_i w_i^2 A_i^T A_i|| <= sum_{i in H} w_i^2 ||A_i||^2 + max_{i not in H} w_i^2 ||A||^2;
-// H runs over the k tokens of largest weight, k = 0..N, and the least is kept.
+// H runs over the k tokens of largest weight, k = 0..N, and the least is kept; the same with
+// the identity apart, ||diag(w) A|| <= max_i w_i + ||diag(w) J_M(X0)|| (||J_{M,i}|| <= r_i,
+// ||J_M|| <= c), where smaller.
 double WeightedCentreUp(const Eigen::VectorXd& w, const Eigen::VectorXd& rows, double c);
 
 // ||blockdiag(D_i) A||_2, split by the rows of the LayerNorm factors. A LayerNorm's Jacobian
