@@ -325,8 +325,8 @@ EngineBound PostLnVariationBound(const AttentionLayer& L, const TokenCover& cove
                          t.ln_rows < t.ln_whole, t);
   char how[400];
   std::snprintf(how, sizeof how,
-                "MHA term%s: max||D_i|| %.6g x V_M %.6g = %.6g; max||D_i Wo|| %.6g x V_H %.6g = %.6g; "
-                "LN term: max delta_i %.6g x (1 + U_M %.6g) = %.6g; max delta_i/w_i %.6g x (%.6g + %.6g) = %.6g; "
+                "MHA term%s: max||D_i|| %.6g, V_M %.6g: %.6g; max||D_i Wo|| %.6g x V_H %.6g = %.6g; "
+                "LN term: max delta_i %.6g, U_M %.6g: %.6g; max delta_i/w_i %.6g x (%.6g + %.6g) = %.6g; "
                 "max rho_i %.6g",
                 t.through_d  ? " (rows through D_i Wo) and LN term token by token (rows of J_M)"
                 : t.inf_rows ? " and LN term token by token (rows of J_M)"
@@ -643,11 +643,13 @@ EngineResult PostLnVariationCandidate(const AttentionLayer& L, const InputSet& s
     r.note = "a post-LN layer without pre-LN only";
     return done(r);
   }
-  // Norm 2 without a certified centre the bound takes the crude one from MHA's row blocks,
-  // which need the dense enclosure of J_M(X0): above it the variation cannot give a bound.
+  // Norm 2 without a certified centre the bound takes the crude one, max_k ||D_k|| times a
+  // bound on ||I + J_M(X0)||: from MHA's row blocks up to the dense size, else from MHA's own
+  // certified centre norm; without either the variation cannot give a bound.
   if (p == NormKind::kL2 && !std::isfinite(centre_l2.value()) &&
-      !InfDenseRefusal(long(set.center.size()), inf_dense_limit).empty()) {
-    r.note = "no certified centre norm, and no crude one above the dense size";
+      !InfDenseRefusal(long(set.center.size()), inf_dense_limit).empty() &&
+      !std::isfinite(MhaPiecesOf(mha_l2).centre.value())) {
+    r.note = "no certified centre norm, and no crude one (no row blocks above the dense size, no MHA centre)";
     return done(r);
   }
   const TokenCover cover = CoverOf(set);

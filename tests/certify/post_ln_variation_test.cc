@@ -69,7 +69,7 @@ Eigen::MatrixXd RandomPointIn(const InputSet& set, std::mt19937_64& rng, double 
 
 // The variation's inputs for the layer over the set, filled as the candidate fills them, with
 // MHA's pieces from its centre_norm engine.
-PostLnVariationInputs InputsFor(const AttentionLayer& L, const InputSet& set, NormKind p) {
+PostLnVariationInputs InputsFor(const AttentionLayer& L, const InputSet& set, NormKind p, long dense_limit = 1L << 30) {
   const TokenCover cover = CoverOf(set);
   const AttentionLayer mha = L.WithoutPostLayerNorm();
   const MhaPieces m2 = MhaPiecesOver(mha, cover, NormKind::kL2, 1);
@@ -77,7 +77,7 @@ PostLnVariationInputs InputsFor(const AttentionLayer& L, const InputSet& set, No
   const UpperBound centre_l2 =
       p == NormKind::kL2 ? PostLnCentreBound(L, set.center, BoundOptions{}).terms.at(0).value : UpperBound(kInf);
   return PostLnVariationInputsFor(L, set, p, m2, mp, centre_l2, 1, std::chrono::steady_clock::time_point::max(),
-                                  1L << 30);
+                                  dense_limit);
 }
 
 struct SetCase {
@@ -340,6 +340,33 @@ TEST(PostLnVariation, LayerNormTermTokenByTokenDominatesMpfr) {
   EXPECT_GT(centre_fails, 0);
   std::printf("LN term token by token: smaller in %ld of %ld cases; its centre's 0.8 fails in %ld\n", rows_won, cases,
               centre_fails);
+}
+
+// Above the dense size (no row blocks of J_M(X0)) and without a certified centre, the crude
+// centre max_k ||D_k|| (1 + ||J_M(X0)||) from MHA's own certified centre: above the MPFR
+// ||J_f(X0)||, and the bound above the MPFR ||J_f(X)|| at random points of the set.
+TEST(PostLnVariation, CrudeCentreFromMhaCentreAboveTheDenseSize) {
+  mpfr::mpreal::set_default_prec(256);
+  std::mt19937_64 rng(3613);
+  const long cases = testing::Count(10);
+  long points = 0;
+  for (long c = 0; c < cases; ++c) {
+    const SetCase s = RandomSetCase(c, rng, -3, -1);
+    const AttentionLayer& L = s.layer;
+    PostLnVariationInputs in = InputsFor(L, s.set, NormKind::kL2, /*dense_limit=*/0);
+    ASSERT_EQ(in.mha_row_centre_l2.size(), 0) << "case " << c;
+    ASSERT_TRUE(std::isfinite(in.mha_l2_centre.value())) << "case " << c;
+    in.centre = UpperBound(kInf);
+    const EngineBound b = PostLnVariationBound(L, CoverOf(s.set), in);
+    ASSERT_TRUE(std::isfinite(b.upper.value())) << "case " << c << ": " << b.note;
+    EXPECT_GE(b.terms.at(0).value.value(), Sigma1(JacobianMp(L, s.set.center)) * (1 - 1e-6)) << "case " << c;
+    for (int k = 0; k < 6; ++k) {
+      EXPECT_LE(Sigma1(JacobianMp(L, RandomPointIn(s.set, rng, k % 2 ? 1.0 : 0.5))), b.upper.value())
+          << "case " << c << " point " << k;
+      ++points;
+    }
+  }
+  EXPECT_EQ(points, 6 * cases);
 }
 
 // The inf norm token by token: the rows of J_M(X0) (certified above the MPFR largest row sum of
