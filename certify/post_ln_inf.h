@@ -33,7 +33,8 @@ PostLnCentreInfBounds PostLnCentreInfFrom(const AttentionLayer& layer, const Eig
 // ||D_i||_inf several times ||D_i||_2) act on J_M's rows before their absolute values are taken.
 // The tokens go in decreasing order of `current` (the bound each competes with, e.g.
 // ||D_i||_inf r_i(Wo)) and stop at the deadline or once the rest cannot raise the largest
-// min(current, upper) reached; the others stay +inf. `mha` is MHA alone with a D x D Wo.
+// min(current, upper) reached; the others stay +inf. `mha` is MHA alone with a D x D Wo. The
+// values hold for the set `cover` covers and the D_i given (a Y centre), and for no other.
 struct LayerNormMhaRowsInf {
   Eigen::VectorXd upper;  // per token; +inf where not computed
   int computed = 0;       // tokens computed

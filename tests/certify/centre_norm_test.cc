@@ -645,7 +645,7 @@ TEST(CentreNormTest, TiledGramCertificateIsExactAboveTheSvd) {
   int checked = 0;
   GramWorkspace workspace;
   for (int t = 0; t < cases; ++t) {
-    const int n = 257 + int(rng() % 400), m = n + int(rng() % 50);
+    const int n = 257 + int(rng() % 400), m = n + 1 + int(rng() % 50);
     auto orthonormal = [&](int rows, int cols) {
       Eigen::MatrixXd g = Eigen::MatrixXd::NullaryExpr(rows, cols, [&] { return gauss(rng); });
       return Eigen::MatrixXd(Eigen::HouseholderQR<Eigen::MatrixXd>(g).householderQ() * Eigen::MatrixXd::Identity(rows, cols));
@@ -682,12 +682,12 @@ TEST(CentreNormTest, TiledGramCertificateIsExactAboveTheSvd) {
     EXPECT_LE(std::ldexp(std::ldexp(b_tiny, 515), 515), sigma_tiny * (1 + 1e-7));
     EXPECT_GE(b_mixed, Sigma1(mixed) * (1 - 1e-13));
     EXPECT_LE(b_mixed, Sigma1(mixed) * (1 + 1e-7));
-    // The Gram matrix in single precision (the super-blocks' blocks): still above, and
-    // within its gamma_k(2^-24) ||a||_F^2 (about 3e-3 relative here).
     // The wide transpose: its Gram matrix of rows by tiles (no transposed copy), the same sigma_1.
     const double b_wide = NormL2UpperGram(Eigen::MatrixXd(a.transpose()), 2, nullptr, max_time, nullptr, &workspace).value();
     EXPECT_GE(b_wide, sigma * (1 - 1e-13));
     EXPECT_LE(b_wide, sigma * (1 + 1e-7));
+    // The Gram matrix in single precision (the super-blocks' blocks): still above, and
+    // within its gamma_k(2^-24) ||a||_F^2 (about 3e-3 relative here).
     const double b_single = NormL2UpperGram(IntervalMatrix::Point(a), 2, nullptr, max_time, nullptr, &workspace,
                                             GramPrecision::kSingle).value();
     EXPECT_GE(b_single, sigma * (1 - 1e-13));

@@ -157,8 +157,6 @@ std::vector<Eigen::RowVectorXd> BallSamples(std::mt19937_64& rng, const LnCase& 
   return out;
 }
 
-// LayerNormVariationInfUp stays above the 256-bit ||J_LN(y) - J_LN(yc)||_inf on the ball's
-// samples and its worst-looking points, for small and large radii (past the centred norm too).
 // J_LN(x) A through its projection (LayerNormProjectionTimes): g_a times row a of the
 // enclosure holds the 256-bit product for point and interval A, and stays tight.
 TEST(LayerNormCoverTest, ProjectionTimesHoldsTheExactProductTightly) {
@@ -196,6 +194,8 @@ TEST(LayerNormCoverTest, ProjectionTimesHoldsTheExactProductTightly) {
   EXPECT_EQ(cases == 0, checked == 0);
 }
 
+// LayerNormVariationInfUp stays above the 256-bit ||J_LN(y) - J_LN(yc)||_inf on the ball's
+// samples and its worst-looking points, for small and large radii (past the centred norm too).
 TEST(LayerNormCoverTest, InfVariationHoldsOverTheBall) {
   std::mt19937_64 rng(23);
   const long cases = testing::Count(60);

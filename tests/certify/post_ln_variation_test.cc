@@ -14,6 +14,7 @@
 #include "certify/centred_engine.h"
 #include "certify/pipeline.h"
 #include "certify/post_layer_norm.h"
+#include "certify/post_ln_inf.h"
 #include "certify/search.h"
 #include "models/forward.h"
 #include "models/random_layer.h"
@@ -340,6 +341,54 @@ TEST(PostLnVariation, LayerNormTermTokenByTokenDominatesMpfr) {
   EXPECT_GT(centre_fails, 0);
   std::printf("LN term token by token: smaller in %ld of %ld cases; its centre's 0.8 fails in %ld\n", rows_won, cases,
               centre_fails);
+}
+
+// The enclosure's width in LayerNormMhaRowsInfUp: with D_i enclosed around a zero midpoint
+// (radius |D_i|), W_i = 0 and each entry is ||rad(D_i Wo)||_inf V_H alone; it still dominates
+// the MPFR ||D_i(J_{M,i}(X) - J_{M,i}(X0))||_inf at random points (without the width term the
+// entries would be 0), as do the entries from a tight enclosure of D_i.
+TEST(PostLnVariation, InfRowsThroughDiWoCarryTheEnclosureWidth) {
+  mpfr::mpreal::set_default_prec(256);
+  std::mt19937_64 rng(3614);
+  const long cases = testing::Count(8);
+  long checked = 0;
+  for (long c = 0; c < cases; ++c) {
+    std::normal_distribution<double> g;
+    const AttentionLayer L = RandomSquareWoPostLn(c, rng);
+    InputSet set;
+    set.center = Eigen::MatrixXd::NullaryExpr(2 + c % 3, L.d_model, [&] { return 2 * g(rng); });
+    set.radius = std::pow(10.0, std::uniform_real_distribution<double>(-3, -1)(rng));
+    const AttentionLayer mha = L.WithoutPostLayerNorm();
+    const PostLnVariationInputs in = InputsFor(L, set, NormKind::kLinf);
+    ASSERT_TRUE(std::isfinite(in.heads_variation.value())) << "case " << c;
+    const int n = int(set.center.rows()), d = L.d_model;
+    std::vector<IntervalMatrix> wide, tight;
+    std::vector<Eigen::MatrixXd> exact_d;
+    for (int i = 0; i < n; ++i) {
+      exact_d.push_back(LayerNormJacobianMp(*L.post_layer_norm, in.ln_mha_rows_y.row(i)));
+      const Eigen::MatrixXd m = exact_d.back();
+      wide.push_back(IntervalMatrix(Eigen::MatrixXd::Zero(d, d), (m.cwiseAbs() * (1 + 1e-9)).array() + 1e-300));
+      tight.push_back(IntervalMatrix(m, (m.cwiseAbs() * 1e-9).array() + 1e-300));
+    }
+    const Eigen::VectorXd all = Eigen::VectorXd::Constant(n, 1e300);
+    const auto forever = std::chrono::steady_clock::time_point::max();
+    const LayerNormMhaRowsInf w = LayerNormMhaRowsInfUp(mha, CoverOf(set), wide, in.heads_variation, all, 1, forever);
+    const LayerNormMhaRowsInf t = LayerNormMhaRowsInfUp(mha, CoverOf(set), tight, in.heads_variation, all, 1, forever);
+    ASSERT_EQ(w.computed, n) << "case " << c;
+    ASSERT_EQ(t.computed, n) << "case " << c;
+    const Eigen::MatrixXd jm0 = JacobianMp(mha, set.center);
+    for (int k = 0; k < 4; ++k) {
+      const Eigen::MatrixXd dj = JacobianMp(mha, RandomPointIn(set, rng, k % 2 ? 1.0 : 0.5)) - jm0;
+      for (int i = 0; i < n; ++i) {
+        const double exact = RowSumMax(exact_d[size_t(i)] * dj.middleRows(i * d, d));
+        EXPECT_LE(exact, w.upper(i) * (1 + 1e-9)) << "case " << c << " point " << k << " token " << i;
+        EXPECT_LE(exact, t.upper(i) * (1 + 1e-9) + 1e-300) << "case " << c << " point " << k << " token " << i;
+      }
+    }
+    for (int i = 0; i < n; ++i) EXPECT_GT(w.upper(i), 0.0) << "case " << c << " token " << i;
+    ++checked;
+  }
+  EXPECT_EQ(checked, cases);
 }
 
 // Above the dense size (no row blocks of J_M(X0)) and without a certified centre, the crude
