@@ -428,12 +428,12 @@ void RunPostLnCentre(CertifyRun& run, double seconds) {
 // split with the norm asked for when that is inf; 15% each where the sublayer's own inf
 // centre (post_ln_variation) runs after them. At a point where post_ln_centre ran first,
 // 40% of the limit or half of what is left, whichever is less (10% once J_f(X0) is
-// certified: the composed bound can only be looser); over a set 25% before the dense
-// post_ln_centre, 30% before the deflated one (which rarely starts in a minute, so that MHA's
-// own centre, which bounds the variation's centre from the LayerNorm's rows, gets the time;
-// MiniLM layer 0, N = 32, 120 s: 25.6 at 30%, 43.4 at 25%) (the composition stays a usable fallback when the centre does not finish;
-// post_ln_variation, which needs MHA's variation only, computes it where the certificate
-// has none).
+// certified: the composed bound can only be looser). Over a set, 25% before the dense
+// post_ln_centre and 30% before the deflated one, which rarely starts within a minute: there
+// MHA's own centre bounds the variation's centre from the LayerNorm's rows and gets the time
+// (MiniLM layer 0, N = 32, 120 s: 25.6 at 30%, 43.4 at 25%). The composition stays a usable
+// fallback when the centre does not finish; post_ln_variation, which needs MHA's variation
+// only, computes it where the certificate has none.
 double MhaSeconds(const CertifyRun& run) {
   const double limit = run.opts.time_limit_s;
   if (run.opts.norm != NormKind::kL2 && !run.layer.layer_norm && long(run.set.center.size()) <= kPostLnInfDenseLimit)

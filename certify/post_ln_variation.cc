@@ -87,19 +87,27 @@ double ThroughHeadsUp(const AttentionLayer& L, const MhaInput& f, const PostLnVa
 // The per-token cover of Y: on the segment X_t in S, ||M_i(X) - M_i(X0)|| <= sup_t ||J_{M,i}(X_t)||_2 ||X - X0||_F,
 // and ||J_{M,i}(X_t)|| <= min(U2, ||J_{M,i}(X0)|| + V_2) (a row block is at most the whole);
 // PostLnYCover also takes the attention's own displacement bound, which saturates.
+// >= sup_S ||J_{M,i}(X)||_2 for token i of n: min(U2, ||J_{M,i}(X0)||_2 + its own variation)
+// where the row blocks are known, else U2.
+double MhaRowL2UpperOf(const PostLnVariationInputs& in, double u2, Eigen::Index i, Eigen::Index n) {
+  if (in.mha_row_centre_l2.size() != n) return u2;
+  const double own = in.mha_row_variation_l2.size() == n ? std::min(in.mha_l2_variation.value(), in.mha_row_variation_l2(i))
+                                                         : in.mha_l2_variation.value();
+  return std::min(u2, AddUp(in.mha_row_centre_l2(i), own));
+}
+
 TokenCover YCoverOf(const AttentionLayer& L, const TokenCover& cover, const PostLnVariationInputs& in, double u2,
                     ExpBackend exp_backend) {
   const Eigen::Index n = cover.center.rows();
   const double joint = JointRadiusUp(cover).value();
-  Eigen::VectorXd moved = Eigen::VectorXd::Constant(n, MulUp(u2, joint));
-  if (in.mha_row_centre_l2.size() == n)
-    for (Eigen::Index i = 0; i < n; ++i) {
-      const double own = in.mha_row_variation_l2.size() == n
-                             ? std::min(in.mha_l2_variation.value(), in.mha_row_variation_l2(i))
-                             : in.mha_l2_variation.value();
-      moved(i) = std::min(moved(i), MulUp(AddUp(in.mha_row_centre_l2(i), own), joint));
-    }
+  Eigen::VectorXd moved(n);
+  for (Eigen::Index i = 0; i < n; ++i) moved(i) = MulUp(MhaRowL2UpperOf(in, u2, i, n), joint);
   return PostLnYCover(L, cover, moved, exp_backend, UpperBound(MulUp(u2, joint)));
+}
+
+// Whether a piece computed at the Y centre `at` holds at the bound's own Y centre yc.
+bool SameYCentre(const Eigen::MatrixXd& at, const Eigen::MatrixXd& yc) {
+  return at.rows() == yc.rows() && at.cols() == yc.cols() && at == yc;
 }
 
 // U2 >= sup_S ||J_M||_2: the certified bound, or the centre plus the variation.
@@ -168,14 +176,7 @@ struct LayerNormTerms {
 // sqrt(ND) delta2_i (1 + that), delta2_i >= sup ||D_i(y_i) - D_i(yc_i)||_2.
 double LayerNormTermViaL2Up(const PostLnVariationInputs& in, const Eigen::VectorXd& ln_var_l2, Eigen::Index i,
                             double nd) {
-  const Eigen::Index n = ln_var_l2.size();
-  double u2_i = MhaL2UpperOf(in);
-  if (in.mha_row_centre_l2.size() == n) {
-    const double own = in.mha_row_variation_l2.size() == n
-                           ? std::min(in.mha_l2_variation.value(), in.mha_row_variation_l2(i))
-                           : in.mha_l2_variation.value();
-    u2_i = std::min(u2_i, AddUp(in.mha_row_centre_l2(i), own));
-  }
+  const double u2_i = MhaRowL2UpperOf(in, MhaL2UpperOf(in), i, ln_var_l2.size());
   return MulUp(SqrtUp(nd), MulUp(ln_var_l2(i), AddUp(1.0, u2_i)));
 }
 LayerNormTerms LayerNormTermsOf(const Eigen::VectorXd& ln_centre, const Eigen::VectorXd& ln_var,
@@ -192,8 +193,7 @@ LayerNormTerms LayerNormTermsOf(const Eigen::VectorXd& ln_centre, const Eigen::V
                                                            : u_m;
   };
   // Token i's rows through D_i Wo hold at their own Y centre only.
-  const bool d_rows = t.inf_rows && in.ln_mha_rows_inf.size() == n && in.ln_mha_rows_y.rows() == yc.rows() &&
-                      in.ln_mha_rows_y.cols() == yc.cols() && in.ln_mha_rows_y == yc;
+  const bool d_rows = t.inf_rows && in.ln_mha_rows_inf.size() == n && SameYCentre(in.ln_mha_rows_y, yc);
   for (Eigen::Index i = 0; i < n; ++i) {
     double mha_i = MulUp(ln_centre(i), v_row(i));
     if (d_rows && in.ln_mha_rows_inf(i) < mha_i) mha_i = in.ln_mha_rows_inf(i), t.through_d = true;
@@ -305,8 +305,7 @@ EngineBound PostLnVariationBound(const AttentionLayer& L, const TokenCover& cove
     centre = UpperBound(CrudeCentreUp(ln_centre, in));
     route = CentreRoute::kCrude;
     // The LayerNorm rows' centre holds at its own Y centre only.
-    if (in.rows_centre.upper.value() < centre.value() && in.rows_centre_y.rows() == n &&
-        in.rows_centre_y.cols() == y_cover.center.cols() && in.rows_centre_y == y_cover.center) {
+    if (in.rows_centre.upper.value() < centre.value() && SameYCentre(in.rows_centre_y, y_cover.center)) {
       centre = in.rows_centre.upper;
       route = CentreRoute::kLayerNormRows;
     }

@@ -204,6 +204,16 @@ AttentionLayer RandomSquareWoPostLn(long c, std::mt19937_64& rng) {
   return L;
 }
 
+// A square-Wo post-LN layer and a ball around 2 + c % 3 Gaussian tokens of radius 10^U(lo, hi).
+SetCase RandomSquareWoSetCase(long c, std::mt19937_64& rng, double log10_lo, double log10_hi) {
+  std::normal_distribution<double> g;
+  SetCase s;
+  s.layer = RandomSquareWoPostLn(c, rng);
+  s.set.center = Eigen::MatrixXd::NullaryExpr(2 + c % 3, s.layer.d_model, [&] { return 2 * g(rng); });
+  s.set.radius = std::pow(10.0, std::uniform_real_distribution<double>(log10_lo, log10_hi)(rng));
+  return s;
+}
+
 // The MHA variation through the heads before Wo, scale x V_H with scale = max_i ||D_i(yc_i) Wo|| / w_i
 // and V_H >= sup ||diag(w)(J_H(X) - J_H(X0))|| (norm 2: w_i = ||D_i Wo|| / max_k ||D_k Wo||):
 //   the identity D(Yc)(J_M(X) - J_M(X0)) = blockdiag(D_i(yc_i) Wo)(J_H(X) - J_H(X0)) in MPFR,
@@ -219,11 +229,9 @@ TEST(PostLnVariation, HeadsBeforeWoTermDominatesMpfrAndIsTight) {
   long checked = 0, points = 0, factor_fails = 0, term_fails = 0, heads_won = 0;
   for (long c = 0; c < cases; ++c) {
     const NormKind p = c % 4 == 3 ? NormKind::kLinf : NormKind::kL2;
-    std::normal_distribution<double> g;
-    const AttentionLayer L = RandomSquareWoPostLn(c, rng);
-    InputSet set;
-    set.center = Eigen::MatrixXd::NullaryExpr(2 + c % 3, L.d_model, [&] { return 2 * g(rng); });
-    set.radius = std::pow(10.0, std::uniform_real_distribution<double>(-4, -2)(rng));
+    const SetCase s = RandomSquareWoSetCase(c, rng, -4, -2);
+    const AttentionLayer& L = s.layer;
+    const InputSet& set = s.set;
     const AttentionLayer mha = L.WithoutPostLayerNorm(), heads = HeadsBeforeWo(mha);
     const PostLnVariationInputs in = InputsFor(L, set, p);
     ASSERT_TRUE(std::isfinite(in.heads_variation.value())) << "case " << c;
@@ -353,11 +361,9 @@ TEST(PostLnVariation, InfRowsThroughDiWoCarryTheEnclosureWidth) {
   const long cases = testing::Count(8);
   long checked = 0;
   for (long c = 0; c < cases; ++c) {
-    std::normal_distribution<double> g;
-    const AttentionLayer L = RandomSquareWoPostLn(c, rng);
-    InputSet set;
-    set.center = Eigen::MatrixXd::NullaryExpr(2 + c % 3, L.d_model, [&] { return 2 * g(rng); });
-    set.radius = std::pow(10.0, std::uniform_real_distribution<double>(-3, -1)(rng));
+    const SetCase s = RandomSquareWoSetCase(c, rng, -3, -1);
+    const AttentionLayer& L = s.layer;
+    const InputSet& set = s.set;
     const AttentionLayer mha = L.WithoutPostLayerNorm();
     const PostLnVariationInputs in = InputsFor(L, set, NormKind::kLinf);
     ASSERT_TRUE(std::isfinite(in.heads_variation.value())) << "case " << c;
@@ -477,11 +483,9 @@ TEST(PostLnVariation, InfRowsThroughDiWoDominateMpfr) {
   long entries = 0, points = 0, smaller = 0;
   double best = 0;
   for (long c = 0; c < cases; ++c) {
-    std::normal_distribution<double> g;
-    const AttentionLayer L = RandomSquareWoPostLn(c, rng);
-    InputSet set;
-    set.center = Eigen::MatrixXd::NullaryExpr(2 + c % 3, L.d_model, [&] { return 2 * g(rng); });
-    set.radius = std::pow(10.0, std::uniform_real_distribution<double>(-4, -2)(rng));
+    const SetCase s = RandomSquareWoSetCase(c, rng, -4, -2);
+    const AttentionLayer& L = s.layer;
+    const InputSet& set = s.set;
     const AttentionLayer mha = L.WithoutPostLayerNorm();
     const PostLnVariationInputs in = InputsFor(L, set, NormKind::kLinf);
     const int n = int(set.center.rows()), d = L.d_model;
