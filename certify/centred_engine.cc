@@ -338,18 +338,20 @@ HeadShare SumShares(const std::vector<HeadShare>& shares, int n) {
 // sum_j (full_ij + rd_ij) ell_j; the value path's row (sum_j full_ij ell_j, or value_row(i)
 // on the simplex) plus the logit path's row sum_j rd_ij ell_j. And ||A_i||_inf <= ||A||_inf,
 // so `variation` caps each entry.
+double RowVariationOf(const HeadShare& sum, const MhaInput& in, int i) {
+  const Eigen::Index n = sum.full.cols();
+  double value = 0, logit = 0, joint = 0;
+  for (Eigen::Index j = 0; j < n; ++j) {
+    value = AddUp(value, MulUp(sum.full(i, j), in.ell(j)));
+    logit = AddUp(logit, MulUp(sum.rd(i, j), in.ell(j)));
+    joint = AddUp(joint, MulUp(AddUp(sum.full(i, j), sum.rd(i, j)), in.ell(j)));
+  }
+  const double split = AddUp(std::min(value, sum.value_row(i)), logit);
+  return std::min({sum.row_sum(i), joint, split});
+}
 Eigen::VectorXd RowVariationUp(const HeadShare& sum, const MhaInput& in, int n, double variation) {
   Eigen::VectorXd out(n);
-  for (int i = 0; i < n; ++i) {
-    double value = 0, logit = 0, joint = 0;
-    for (int j = 0; j < n; ++j) {
-      value = AddUp(value, MulUp(sum.full(i, j), in.ell(j)));
-      logit = AddUp(logit, MulUp(sum.rd(i, j), in.ell(j)));
-      joint = AddUp(joint, MulUp(AddUp(sum.full(i, j), sum.rd(i, j)), in.ell(j)));
-    }
-    const double split = AddUp(std::min(value, sum.value_row(i)), logit);
-    out(i) = std::min({sum.row_sum(i), joint, split, variation});
-  }
+  for (int i = 0; i < n; ++i) out(i) = std::min(RowVariationOf(sum, in, i), variation);
   return out;
 }
 
@@ -539,6 +541,52 @@ EngineBound CentredBound(const AttentionLayer& L, const TokenCover& cover, const
 
 UpperBound CentredUpperBound(const AttentionLayer& layer, const TokenCover& cover, const BoundOptions& opts) {
   return CentredBound(layer, cover, opts).upper;
+}
+
+RowVariationInf::RowVariationInf(const AttentionLayer& L, const TokenCover& cover, const BoundOptions& opts)
+    : layer_(L), threads_(opts.threads) {
+  if (opts.norm != NormKind::kLinf) throw std::invalid_argument("RowVariationInf: the inf norm only");
+  const int n = int(cover.center.rows());
+  in_ = MhaInputOver(L, cover, NormKind::kLinf);
+  geo_.assign(L.heads, HeadGeometry{});
+  over_.assign(L.heads, FactorBounds{});
+  centre_.assign(L.heads, FactorBounds{});
+  motion_.assign(L.heads, Eigen::MatrixXd{});
+  side_orders_.assign(L.heads, {});
+  const Eigen::VectorXd zero = Eigen::VectorXd::Zero(n);
+  std::atomic<bool> late{false};
+  ParallelFor(L.heads, WorkerCount(opts.threads, L.heads), [&](int h, int) {
+    if (late || DeadlinePassed(opts)) {
+      late = true;
+      return;
+    }
+    geo_[h] = HeadGeometryAt(L, h, in_.zc, NormKind::kLinf);
+    over_[h] = HeadFactorBounds(geo_[h], in_.rho_z, in_.joint_z, L.causal);
+    centre_[h] = HeadFactorBounds(geo_[h], zero, 0.0, L.causal);
+    motion_[h] = SoftmaxMotionUp(over_[h], centre_[h], n);
+    side_orders_[h] = DescendingRowOrders(geo_[h].dot ? geo_[h].db : geo_[h].dg);
+  });
+  complete_ = !late;
+}
+
+double RowVariationInf::RowUp(int i, const Eigen::MatrixXd& wo) const {
+  const int n = int(in_.zc.rows());
+  if (!complete_ || i < 0 || i >= n) throw std::invalid_argument("RowVariationInf::RowUp: incomplete, or no token i");
+  const Eigen::VectorXd zero = Eigen::VectorXd::Zero(n);
+  std::vector<HeadShare> shares(layer_.heads);
+  ParallelFor(layer_.heads, WorkerCount(threads_, layer_.heads), [&](int h, int) {
+    const HeadGeometry G = WithOutputProjection(geo_[h], layer_, h, in_.zc, wo, NormKind::kLinf);
+    const FactorBounds F = WithValuesOf(G, over_[h], in_.rho_z, layer_.causal);
+    const FactorBounds F0 = WithValuesOf(G, centre_[h], zero, layer_.causal);
+    const HeadFactors hf{G, F, F0, DescendingRowOrders(G.du), side_orders_[h]};
+    HeadShare& share = shares[h];
+    share.full = Eigen::MatrixXd::Zero(n, n);
+    share.rd = Eigen::MatrixXd::Zero(n, n);
+    share.row_sum = Eigen::VectorXd::Zero(n);
+    share.value_row = Eigen::VectorXd::Zero(n);
+    AddRowShare(hf, in_, layer_.causal, motion_[h], i, &share);
+  });
+  return RowVariationOf(SumShares(shares, n), in_, i);
 }
 
 }  // namespace lipcert

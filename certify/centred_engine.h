@@ -5,6 +5,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "certify/engine_bound.h"
 #include "certify/head_factors.h"
@@ -69,6 +70,33 @@ CentredVariation CentredVariationBound(
     const AttentionLayer& layer, const TokenCover& cover, const BoundOptions& opts,
     std::chrono::steady_clock::time_point refine_until = std::chrono::steady_clock::time_point::max(),
     bool up_to_refine_until = false, const Eigen::VectorXd* row_weights = nullptr);
+
+// The inf variation of one token's rows with the output projection replaced, token by token
+// (the post-LN sublayer's D_i Wo, certify/post_ln_inf.h). The work that does not depend on Wo
+// (the MHA input over the cover, each head's queries, keys, logit side, softmax ranges over
+// the cover and at the centre, and the softmax's motion) is done once by the constructor;
+// RowUp(i, wo) redoes the value side of each head for `wo` (WithOutputProjection) and row i
+// alone. RowUp(i, wo) is CentredVariationBound(layer with Wo = wo, cover, opts).row_variation(i)
+// without that entry's cap by the whole variation: at least that entry, equal where the cap
+// does not bind. complete() is false where opts.deadline passed in the constructor.
+class RowVariationInf {
+ public:
+  RowVariationInf(const AttentionLayer& layer, const TokenCover& cover, const BoundOptions& opts);
+  bool complete() const { return complete_; }
+  // >= sup over the cover of ||(J_{M'}(z) - J_{M'}(zc))_i||_inf, M' the layer with Wo = wo
+  // (D x H dv), token i's D rows.
+  double RowUp(int i, const Eigen::MatrixXd& wo) const;
+
+ private:
+  AttentionLayer layer_;
+  int threads_ = 1;
+  MhaInput in_;
+  std::vector<HeadGeometry> geo_;
+  std::vector<FactorBounds> over_, centre_;            // per head, over the cover and at its centre
+  std::vector<Eigen::MatrixXd> motion_;                // per head, w_ij >= |P_ij(X) - P_ij(X0)|
+  std::vector<std::vector<std::vector<int>>> side_orders_;  // per head, the logit side's row orders
+  bool complete_ = false;
+};
 
 // Engine `centre_norm` (norms 2 and inf, any size; in the inf norm ||J(X0)||_inf comes from
 // the enclosure's row sums, CentreJacobianInfNormBounds, and the variation's block bounds

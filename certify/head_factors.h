@@ -86,6 +86,13 @@ struct HeadGeometry {
 // Head h's geometry at the centre zc (N, D) of the MHA input, for the engine norm p.
 HeadGeometry HeadGeometryAt(const AttentionLayer& layer, int h, const Eigen::MatrixXd& zc, NormKind p);
 
+// G (head h's HeadGeometryAt at zc) with the output projection `wo` (D x H dv) in place of the
+// layer's: the value side (W_h, the values u, c_u, w_norm, their distances and anchors)
+// recomputed, the queries, keys and logit side kept. Bit for bit HeadGeometryAt of the layer
+// with Wo = wo. Not for dot heads in norm 2, whose own-row Grams depend on Wo too (throws).
+HeadGeometry WithOutputProjection(const HeadGeometry& G, const AttentionLayer& layer, int h, const Eigen::MatrixXd& zc,
+                                  const Eigen::MatrixXd& wo, NormKind p);
+
 // Factor bounds over a cover of the MHA input: centre = the geometry's centre, token j
 // within rho_j of it (and the whole input within `joint` in Frobenius norm).
 struct FactorBounds {

@@ -114,23 +114,21 @@ LayerNormMhaRowsInf LayerNormMhaRowsInfUp(const AttentionLayer& mha, const Token
   std::vector<Eigen::Index> order(static_cast<size_t>(n));
   std::iota(order.begin(), order.end(), Eigen::Index(0));
   std::stable_sort(order.begin(), order.end(), [&](Eigen::Index a, Eigen::Index b) { return current(a) > current(b); });
+  BoundOptions bo;
+  bo.norm = NormKind::kLinf;
+  bo.threads = threads;
+  bo.deadline = deadline;
+  const RowVariationInf rows(mha, cover, bo);  // the work that does not depend on Wo, once
+  if (!rows.complete()) return out;
   double reached = 0;  // max over the tokens done of min(current, upper)
   for (const Eigen::Index i : order) {
     if (current(i) <= reached || std::chrono::steady_clock::now() > deadline) break;
     const IntervalMatrix dw = Mul(ln_jac[size_t(i)], mha.wo);
-    AttentionLayer through = mha;
-    through.wo = dw.mid;
     const double slack = dw.rad.isZero(0) ? 0.0
                                           : MulUp(NormInfUpper(IntervalMatrix(Eigen::MatrixXd::Zero(dw.rows(), dw.cols()),
                                                                               dw.rad)).value(),
                                                   heads_variation.value());
-    BoundOptions bo;
-    bo.norm = NormKind::kLinf;
-    bo.threads = threads;
-    bo.deadline = deadline;
-    const CentredVariation v = CentredVariationBound(through, cover, bo, deadline);
-    if (!v.complete || v.row_variation.size() != n) break;
-    out.upper(i) = AddUp(v.row_variation(i), slack);
+    out.upper(i) = AddUp(rows.RowUp(int(i), dw.mid), slack);
     ++out.computed;
     reached = std::max(reached, std::min(current(i), out.upper(i)));
   }

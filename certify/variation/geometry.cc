@@ -6,6 +6,7 @@
 #include <Eigen/Dense>
 #include <algorithm>
 #include <cmath>
+#include <stdexcept>
 #include <vector>
 
 #include "interval/elementary.h"
@@ -140,6 +141,33 @@ static void OwnRowGrams(const Eigen::MatrixXd& wq, const Eigen::MatrixXd& wk, co
   centred(G.b, &G.b_gram, &G.b_row_norm, &G.b_rad_norm);
 }
 
+// M_h, the head's map from a token to its value before Wo: Wv_h (dot) or
+// Wv_h Wq_h^T Wq_h / sqrt(dk) (l2).
+static IntervalMatrix ValueMap(const AttentionLayer& L, int h, const Interval& inv_sqrt_dk) {
+  const Eigen::MatrixXd wv = L.wv_head(h);
+  if (L.kind == AttentionKind::kDot) return IntervalMatrix::Point(wv);
+  const Eigen::MatrixXd wq = L.wq_head(h);
+  return Scale(inv_sqrt_dk, Mul(Mul(wv, Eigen::MatrixXd(wq.transpose())), IntervalMatrix::Point(wq)));
+}
+
+// The value side of G for the output columns wo_h (D x dv): W_h = Wo_h M_h, the values
+// u_j = W_h z_j + Wo_h bv_h, their norms and distances, and their anchors (G.anchor_w set).
+static void SetValueSide(const AttentionLayer& L, int h, const Eigen::MatrixXd& zc, const Eigen::MatrixXd& wo_h,
+                         const IntervalMatrix& m_h, NormKind p, HeadGeometry& G) {
+  const int n = int(zc.rows());
+  G.w = Mul(wo_h, m_h);
+  G.u = Mul(IntervalMatrix::Point(zc), G.w.transpose());
+  if (L.bv.size()) {
+    const IntervalMatrix ob = Mul(wo_h, Eigen::MatrixXd(L.bv.segment(h * L.head_dim_v, L.head_dim_v)));
+    G.u = G.u + IntervalMatrix(ob.mid.transpose().replicate(n, 1), ob.rad.transpose().replicate(n, 1));
+  }
+  G.c_u = OperatorNormFromL2Up(G.w, PrimalNorm(p));
+  G.w_norm = OperatorNormUp(G.w, PrimalNorm(p));
+  G.du = PairDistanceUp(G.u, PrimalNorm(p));
+  G.u_norm = PrimalNorm(p);
+  G.a_anchor = AnchoredCentreUp(G.u, G.anchor_w, G.u_norm);
+}
+
 HeadGeometry HeadGeometryAt(const AttentionLayer& L, int h, const Eigen::MatrixXd& zc, NormKind p) {
   HeadGeometry G;
   G.dot = L.kind == AttentionKind::kDot;
@@ -147,27 +175,12 @@ HeadGeometry HeadGeometryAt(const AttentionLayer& L, int h, const Eigen::MatrixX
   const Interval inv_sqrt_dk = Interval(1.0) / Sqrt(Interval(double(L.head_dim_qk)));
   G.inv_sqrt_dk = inv_sqrt_dk;
   const Eigen::MatrixXd wq = L.wq_head(h), wk = L.wk_head(h), wo = L.wo_head(h);
-  const Eigen::MatrixXd wv = L.wv_head(h);
   G.q = AddBias(Mul(zc, Eigen::MatrixXd(wq.transpose())), L.bq, h * L.head_dim_qk, L.head_dim_qk, n);
-  // W_h = Wo_h M_h with M_h = Wv_h (dot) or Wv_h Wq_h^T Wq_h / sqrt(dk) (l2).
-  IntervalMatrix m_h = IntervalMatrix::Point(wv);
-  if (!G.dot) m_h = Scale(inv_sqrt_dk, Mul(Mul(wv, Eigen::MatrixXd(wq.transpose())), IntervalMatrix::Point(wq)));
-  G.w = Mul(wo, m_h);
-  // u_j = Wo_h (M_h z_j + bv_h) = W_h z_j + Wo_h bv_h.
-  G.u = Mul(IntervalMatrix::Point(zc), G.w.transpose());
-  if (L.bv.size()) {
-    const IntervalMatrix ob = Mul(wo, Eigen::MatrixXd(L.bv.segment(h * L.head_dim_v, L.head_dim_v)));
-    G.u = G.u + IntervalMatrix(ob.mid.transpose().replicate(n, 1), ob.rad.transpose().replicate(n, 1));
-  }
-  G.c_u = OperatorNormFromL2Up(G.w, PrimalNorm(p));
-  G.w_norm = OperatorNormUp(G.w, PrimalNorm(p));
   if (G.dot) {
     DotLogitFactors(L, h, zc, wq, wk, inv_sqrt_dk, p, G);
   } else {
     L2LogitFactors(wq, inv_sqrt_dk, p, G);
   }
-  G.du = PairDistanceUp(G.u, PrimalNorm(p));
-  G.u_norm = PrimalNorm(p);
   G.b_norm = DualNorm(p);
   // The centre's softmax weights (midpoints of the certified ranges) and the spreads at them.
   G.causal = L.causal;
@@ -175,10 +188,21 @@ HeadGeometry HeadGeometryAt(const AttentionLayer& L, int h, const Eigen::MatrixX
   LogitBox(G, Eigen::VectorXd::Zero(n), &lo0, &hi0);
   SoftmaxRows(lo0, hi0, L.causal, &w_lo, &w_hi);
   G.anchor_w = 0.5 * (w_lo + w_hi);
-  G.a_anchor = AnchoredCentreUp(G.u, G.anchor_w, G.u_norm);
   G.b_anchor = AnchoredCentreUp(G.b, G.anchor_w, G.b_norm);
-  if (G.dot && p == NormKind::kL2) OwnRowGrams(wq, wk, wv, wo, n, G);
+  SetValueSide(L, h, zc, wo, ValueMap(L, h, inv_sqrt_dk), p, G);
+  if (G.dot && p == NormKind::kL2) OwnRowGrams(wq, wk, L.wv_head(h), wo, n, G);
   return G;
+}
+
+HeadGeometry WithOutputProjection(const HeadGeometry& G, const AttentionLayer& L, int h, const Eigen::MatrixXd& zc,
+                                  const Eigen::MatrixXd& wo, NormKind p) {
+  if (G.dot && p == NormKind::kL2)
+    throw std::invalid_argument("WithOutputProjection: dot heads in norm 2 (their own-row Grams depend on Wo)");
+  if (wo.rows() != L.d_model || wo.cols() != L.heads * L.head_dim_v || G.anchor_w.rows() != zc.rows())
+    throw std::invalid_argument("WithOutputProjection: Wo must be D x H dv and G head h's geometry at zc");
+  HeadGeometry out = G;
+  SetValueSide(L, h, zc, wo.middleCols(h * L.head_dim_v, L.head_dim_v), ValueMap(L, h, G.inv_sqrt_dk), p, out);
+  return out;
 }
 
 }  // namespace lipcert

@@ -360,5 +360,47 @@ TEST(CentredEngineTest, RowVariationBoundsEachTokensRowsInTheInfNorm) {
   std::printf("largest exact / row_variation: %.3g\n", closest);
 }
 
+// RowVariationInf (the Wo-independent work once, then one token's rows per Wo) is the centred
+// variation's row entry of the layer with that Wo, bit for bit up to the entry's cap by the
+// whole variation: dot and l2, causal or not, with and without a pre-LN.
+TEST(CentredEngineTest, RowVariationPerOutputProjectionIsTheRowEntryOfThatLayer) {
+  std::mt19937_64 rng(97);
+  const int cases = int(30 * TestScale());
+  int rows = 0, capped = 0, dot = 0, l2 = 0, with_ln = 0, causal = 0;
+  std::normal_distribution<double> g(0.0, 1.0);
+  for (int t = 0; t < cases; ++t) {
+    const Case c = RandomCase(rng);
+    (c.layer.kind == AttentionKind::kDot ? dot : l2) += 1;
+    with_ln += bool(c.layer.layer_norm);
+    causal += c.layer.causal;
+    BoundOptions o;
+    o.norm = NormKind::kLinf;
+    const TokenCover cover = CoverOf(c.set);
+    const RowVariationInf shared(c.layer, cover, o);
+    ASSERT_TRUE(shared.complete());
+    for (int k = 0; k < 2; ++k) {
+      AttentionLayer other = c.layer;
+      other.wo = Eigen::MatrixXd::NullaryExpr(c.layer.wo.rows(), c.layer.wo.cols(), [&] { return 0.5 * g(rng); });
+      const CentredVariation v = CentredVariationBound(other, cover, o);
+      ASSERT_TRUE(v.complete);
+      for (int i = 0; i < c.set.tokens(); ++i) {
+        const double row = shared.RowUp(i, other.wo);
+        EXPECT_GE(row, v.row_variation(i)) << "case " << t << " row " << i;
+        EXPECT_EQ(std::min(row, v.variation.value()), v.row_variation(i)) << "case " << t << " row " << i;
+        capped += row > v.variation.value();
+        ++rows;
+      }
+    }
+  }
+  EXPECT_GT(rows, 0);
+  EXPECT_GT(dot, 0);
+  EXPECT_GT(l2, 0);
+  EXPECT_GT(with_ln, 0);
+  EXPECT_GT(causal, 0);
+  std::printf("rows %d, capped by the whole variation %d\n", rows, capped);
+  Case c = RandomCase(rng);
+  EXPECT_THROW(RowVariationInf(c.layer, CoverOf(c.set), BoundOptions{}), std::invalid_argument);  // norm 2
+}
+
 }  // namespace
 }  // namespace lipcert
