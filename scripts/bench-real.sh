@@ -23,6 +23,7 @@
 #   LIPCERT_REAL_TOKENS   token counts (default "8 16 32 64 128")
 #   LIPCERT_REAL_RADII    relative radii (default "0 0.001 0.01")
 #   LIPCERT_REAL_INF_RADII radii that also get norm inf (default "0")
+#   LIPCERT_REAL_NORMS    norms run (default "2 inf"; "inf": only the inf rows)
 #   LIPCERT_REAL_LIMIT    --time-limit per run in seconds (default 60; 120 at N = 128)
 #   LIPCERT_TORCH_FACTOR  torch baseline seconds / lipcert seconds (default 10; 0: no baseline)
 #   LIPCERT_TORCH_RADII   radii that get the baseline (default "0.01")
@@ -32,6 +33,7 @@ out=${1:-/dev/stdout}
 layers=${LIPCERT_REAL_LAYERS:-${LIPCERT_REAL_LAYER:-0}}
 blocks=${LIPCERT_REAL_BLOCKS:-attention sublayer}
 inf_radii=${LIPCERT_REAL_INF_RADII:-0}
+norms=${LIPCERT_REAL_NORMS:-2 inf}
 tokens=${LIPCERT_REAL_TOKENS:-8 16 32 64 128}
 radii=${LIPCERT_REAL_RADII:-0 0.001 0.01}
 factor=${LIPCERT_TORCH_FACTOR:-10}
@@ -57,7 +59,7 @@ for block in $blocks; do
   esac
 for n in $tokens; do
   limit=${LIPCERT_REAL_LIMIT:-$((n >= 128 ? 120 : 60))}
-  for norm in 2 inf; do
+  for norm in $norms; do
     for r in $radii; do
       [[ $norm == inf && " $inf_radii " != *" $r "* ]] && continue
       name="layer${layer}_${block}_n${n}_r${r}_${norm}"
