@@ -170,14 +170,16 @@ struct LayerNormTerms {
   bool through_d = false;  // the inf norm's MHA term took some token's rows through D_i Wo
   bool ln_via_l2 = false;  // the inf norm's LN term took some token's bound through norm 2
 };
-// In the inf norm, ||A||_inf <= sqrt(ND) ||A||_2 for A = (D_i(y_i) - D_i(yc_i))(I + J_M(X))_i
-// (D x ND: a row's l1 norm is at most sqrt(ND) its l2 norm), and ||(I + J_M(X))_i||_2 <=
-// 1 + min(U2, ||J_{M,i}(X0)||_2 + V_2): the LN term of token i is at most
-// sqrt(ND) delta2_i (1 + that), delta2_i >= sup ||D_i(y_i) - D_i(yc_i)||_2.
-double LayerNormTermViaL2Up(const PostLnVariationInputs& in, const Eigen::VectorXd& ln_var_l2, Eigen::Index i,
-                            double nd) {
+// In the inf norm, with Delta_i = D_i(y_i) - D_i(yc_i) and (I + J_M(X))_i = E_i + J_{M,i}(X)
+// (E_i selects token i's columns, so ||Delta_i E_i||_inf = ||Delta_i||_inf <= delta_i): the
+// D x ND matrix Delta_i J_{M,i}(X) has rows whose l1 norm is at most sqrt(ND) their l2 norm,
+// at most its norm 2, and ||J_{M,i}(X)||_2 <= min(U2, ||J_{M,i}(X0)||_2 + V_2). So the LN term
+// of token i is at most delta_i + sqrt(ND) delta2_i min(U2, ...), delta2_i >= sup ||Delta_i||_2:
+// the identity's part in the inf norm, only MHA's part through norm 2.
+double LayerNormTermViaL2Up(const PostLnVariationInputs& in, double ln_var_inf, const Eigen::VectorXd& ln_var_l2,
+                            Eigen::Index i, double nd) {
   const double u2_i = MhaRowL2UpperOf(in, MhaL2UpperOf(in), i, ln_var_l2.size());
-  return MulUp(SqrtUp(nd), MulUp(ln_var_l2(i), AddUp(1.0, u2_i)));
+  return AddUp(ln_var_inf, MulUp(SqrtUp(nd), MulUp(ln_var_l2(i), u2_i)));
 }
 LayerNormTerms LayerNormTermsOf(const Eigen::VectorXd& ln_centre, const Eigen::VectorXd& ln_var,
                                 const Eigen::VectorXd& ln_var_l2, const PostLnVariationInputs& in, double v_m,
@@ -200,7 +202,7 @@ LayerNormTerms LayerNormTermsOf(const Eigen::VectorXd& ln_centre, const Eigen::V
     t.through_mha = std::max(t.through_mha, mha_i);
     double ln_i = MulUp(ln_var(i), AddUp(1.0, u_row(i)));
     if (in.norm == NormKind::kLinf && ln_var_l2.size() == n) {
-      const double via_l2 = LayerNormTermViaL2Up(in, ln_var_l2, i, double(yc.size()));
+      const double via_l2 = LayerNormTermViaL2Up(in, ln_var(i), ln_var_l2, i, double(yc.size()));
       if (via_l2 < ln_i) ln_i = via_l2, t.ln_via_l2 = true;
     }
     t.ln_whole = std::max(t.ln_whole, ln_i);
@@ -242,8 +244,9 @@ std::vector<BoundTerm> NamedTerms(UpperBound centre, CentreRoute route, UpperBou
        variation},
       {rows_won ? "LN variation: max_i delta_i / w_i x (||diag(w)(I + J_M(X0))|| + sup ||diag(w)(J_M(X) - J_M(X0))||), "
                   "delta_i = sup ||D_i(y_i) - D_i(yc_i)|| over the per-token cover of Y"
-       : t.ln_via_l2 ? "LN variation: max_i min(sup ||D_i(y_i) - D_i(yc_i)|| x (1 + sup ||J_{M,i}||), "
-                       "sqrt(ND) x the same in norm 2) over the per-token cover of Y (token i's rows)"
+       : t.ln_via_l2 ? "LN variation: max_i delta_i x (1 + sup ||J_{M,i}||) or, where smaller, delta_i + sqrt(ND) x "
+                       "delta2_i x sup ||J_{M,i}||_2, delta_i = sup ||D_i(y_i) - D_i(yc_i)|| (delta2_i: in norm 2) over "
+                       "the per-token cover of Y (token i's rows)"
        : inf_rows    ? "LN variation: max_i sup ||D_i(y_i) - D_i(yc_i)|| over the per-token cover of Y x "
                        "(1 + sup ||J_{M,i}||) (token i's rows)"
                   : "LN variation: max_i sup ||D_i(y_i) - D_i(yc_i)|| over the per-token cover of Y x (1 + U_M)",
