@@ -160,6 +160,21 @@ double CrudeCentreUp(const Eigen::VectorXd& ln_centre, const PostLnVariationInpu
   return MulUp(top, WeightedCentreUp(w, in.mha_row_centre_l2, in.mha_l2_centre.value()));
 }
 
+// The crude centre in the inf norm (above the dense size, where the rows of J_M(X0) are not
+// enclosed): token i's rows D_i (E_i + J_{M,i}(X0)), E_i selecting token i's columns, have
+// ||.||_inf <= ||D_i||_inf (1 + c_i), c_i >= ||J_{M,i}(X0)||_inf (MHA's row sums where known,
+// else its certified ||J_M(X0)||_inf, every token's rows being rows of J_M(X0)).
+double CrudeInfCentreUp(const Eigen::VectorXd& ln_centre, const PostLnVariationInputs& in) {
+  const Eigen::Index n = ln_centre.size();
+  const bool rows = in.mha_row_centre_inf.size() == n;
+  double out = 0;
+  for (Eigen::Index i = 0; i < n; ++i) {
+    const double c_i = rows ? std::min(in.mha_row_centre_inf(i), in.mha_centre.value()) : in.mha_centre.value();
+    out = std::max(out, MulUp(ln_centre(i), AddUp(1.0, c_i)));
+  }
+  return out;
+}
+
 // The MHA term through D(Yc) and the LayerNorm term, from the LayerNorm's factors per token.
 struct LayerNormTerms {
   double through_mha = 0;  // ||D(Yc)(J_M(X) - J_M(X0))|| <= max_i ||D_i(yc_i)|| V_M (token by token in inf)
@@ -218,7 +233,7 @@ LayerNormTerms LayerNormTermsOf(const Eigen::VectorXd& ln_centre, const Eigen::V
 }
 
 // The bound's three terms, named by the route that gave each.
-enum class CentreRoute { kCertified, kCrude, kLayerNormRows };
+enum class CentreRoute { kCertified, kCrude, kCrudeInf, kLayerNormRows };
 std::string RowsCentreNote(const LayerNormRowSplit& r) {
   char rows[160];
   std::snprintf(rows, sizeof rows, "; centre from the LayerNorm's rows: K %d, heavy rows %.6g, the rest %.6g",
@@ -232,6 +247,9 @@ std::vector<BoundTerm> NamedTerms(UpperBound centre, CentreRoute route, UpperBou
       {route == CentreRoute::kCrude
            ? "centre norm ||D(Yc)(I + J_M(X0))||, crude: max_i ||D_i(yc_i)|| x ||diag(w)(I + J_M(X0))|| from MHA's "
              "row blocks"
+       : route == CentreRoute::kCrudeInf
+           ? "centre norm ||D(Yc)(I + J_M(X0))||, crude: max_i ||D_i(yc_i)|| x (1 + ||J_{M,i}(X0)||) from MHA's "
+             "certified centre"
        : route == CentreRoute::kLayerNormRows
            ? "centre norm ||D(Yc)(I + J_M(X0))||, from the LayerNorm's rows: its largest rows times I + J_M(X0) "
              "(Gram certificate), the rest x ||diag(w)(I + J_M(X0))||"
@@ -284,9 +302,10 @@ EngineBound PostLnVariationBound(const AttentionLayer& L, const TokenCover& cove
     report->mha_variation = v_m;
     report->mha_upper = u_m;
   }
-  // Without a certified centre (norm 2: post_ln_centre did not finish) the bound takes a crude one below.
-  const bool centre_missing = !Finite(in.centre) && in.norm == NormKind::kL2;
-  if ((!Finite(in.centre) && !centre_missing) || !std::isfinite(u2) || !std::isfinite(v_m) || !std::isfinite(u_m)) {
+  // Without a certified centre (norm 2: post_ln_centre did not finish; inf: above the dense
+  // size) the bound takes a crude one below.
+  const bool centre_missing = !Finite(in.centre);
+  if (!std::isfinite(u2) || !std::isfinite(v_m) || !std::isfinite(u_m)) {
     out.upper = UpperBound(kInf);
     out.note = "an input is +inf (centre " + std::to_string(in.centre.value()) + ", U2 " + std::to_string(u2) +
                ", V_M " + std::to_string(v_m) + ", U_M " + std::to_string(u_m) + ")";
@@ -304,7 +323,10 @@ EngineBound PostLnVariationBound(const AttentionLayer& L, const TokenCover& cove
   }
   UpperBound centre = in.centre;
   CentreRoute route = CentreRoute::kCertified;
-  if (centre_missing) {
+  if (centre_missing && in.norm != NormKind::kL2) {
+    centre = UpperBound(CrudeInfCentreUp(ln_centre, in));
+    route = CentreRoute::kCrudeInf;
+  } else if (centre_missing) {
     centre = UpperBound(CrudeCentreUp(ln_centre, in));
     route = CentreRoute::kCrude;
     // The LayerNorm rows' centre holds at its own Y centre only.
@@ -619,6 +641,16 @@ PostLnVariationInputs PostLnVariationInputsFor(const AttentionLayer& L, const In
     c.note = InfDenseRefusal(long(set.center.size()), inf_dense_limit);
     if (dense) c = PostLnCentreInfFrom(L, set.center, std::move(jm), threads, deadline);
     in.centre = c.upper;
+    // Above the dense size the bound's crude centre needs MHA's certified ||J_M(X0)||_inf:
+    // from MHA's streamed row sums where its certificate has none (its share of the run too
+    // short: MiniLM N = 64 takes about 10 s on 2 cores), within 0.4 of the time left.
+    if (!dense && !std::isfinite(in.mha_centre.value())) {
+      CentreNormOptions co;
+      co.threads = threads;
+      co.deadline = ShareOf(deadline, 0.4);
+      const CentreInfNormBounds mc = CentreJacobianInfNormBounds(mha, set.center, co);
+      if (!mc.timed_out) in.mha_centre = mc.upper;
+    }
     // The enclosure's own ||J_M(X0)||_inf is a second certified centre of MHA, and its rows token by token.
     if (c.mha_upper.value() < in.mha_centre.value()) in.mha_centre = c.mha_upper;
     if (set.radius > 0) in.mha_row_centre_inf = c.mha_rows;
@@ -658,12 +690,14 @@ EngineResult PostLnVariationCandidate(const AttentionLayer& L, const InputSet& s
   PostLnCentreInfBounds inf_centre;
   const PostLnVariationInputs in = PostLnVariationInputsFor(L, set, p, MhaPiecesOf(mha_l2), MhaPiecesOf(mha_p),
                                                             centre_l2, threads, deadline, inf_dense_limit, &inf_centre);
-  if (p != NormKind::kL2 && !std::isfinite(in.centre.value())) {  // norm 2: the bound's crude centre
-    r.note = "inf centre: " + inf_centre.note;
+  // Without the inf centre (above the dense size) the bound takes the crude one from MHA's.
+  if (p != NormKind::kL2 && !std::isfinite(in.centre.value()) && !std::isfinite(in.mha_centre.value())) {
+    r.note = "inf centre: " + inf_centre.note + ", and no MHA centre for a crude one";
     return done(r);
   }
   if (p != NormKind::kL2 && inf_row) *inf_row = inf_centre.row;
-  if (set.radius == 0 && p != NormKind::kL2) {  // at a point: the inf centre, enclosure of Y0 included
+  if (set.radius == 0 && p != NormKind::kL2 && std::isfinite(in.centre.value())) {
+    // at a point: the inf centre, enclosure of Y0 included
     r.upper = in.centre;
     r.terms.push_back({"centre norm ||D(Yc)(I + J_M(X0))||", in.centre});
     r.applied = true;

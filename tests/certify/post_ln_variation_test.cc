@@ -436,6 +436,41 @@ TEST(PostLnVariation, CrudeCentreFromMhaCentreAboveTheDenseSize) {
   EXPECT_EQ(points, 6 * cases);
 }
 
+// In the inf norm above the dense size (no enclosure of J_M(X0), so no inf centre), the crude
+// centre max_i ||D_i(yc_i)||_inf (1 + ||J_M(X0)||_inf) from MHA's certified centre: above the
+// MPFR ||J_f(X0)||_inf, within 1e-3 of it where MHA barely moves, and the bound above the
+// MPFR ||J_f(X)||_inf at random points of the set.
+TEST(PostLnVariation, CrudeInfCentreAboveTheDenseSize) {
+  mpfr::mpreal::set_default_prec(256);
+  std::mt19937_64 rng(3617);
+  const long cases = testing::Count(10);
+  long points = 0;
+  for (long c = 0; c < cases; ++c) {
+    const SetCase s = RandomSetCase(c, rng, -3, -1);
+    const AttentionLayer& L = s.layer;
+    const PostLnVariationInputs in = InputsFor(L, s.set, NormKind::kLinf, /*dense_limit=*/0);
+    ASSERT_FALSE(std::isfinite(in.centre.value())) << "case " << c;
+    ASSERT_TRUE(std::isfinite(in.mha_centre.value())) << "case " << c;
+    const EngineBound b = PostLnVariationBound(L, CoverOf(s.set), in);
+    ASSERT_TRUE(std::isfinite(b.upper.value())) << "case " << c << ": " << b.note;
+    EXPECT_NE(b.terms.at(0).name.find("crude"), std::string::npos) << "case " << c;
+    EXPECT_GE(b.terms.at(0).value.value(), RowSumMax(JacobianMp(L, s.set.center)) * (1 - 1e-6)) << "case " << c;
+    for (int k = 0; k < 6; ++k) {
+      EXPECT_LE(RowSumMax(JacobianMp(L, RandomPointIn(s.set, rng, k % 2 ? 1.0 : 0.5))), b.upper.value())
+          << "case " << c << " point " << k;
+      ++points;
+    }
+    AttentionLayer quiet = L;
+    quiet.wo *= 1e-6;
+    const PostLnVariationInputs quiet_in = InputsFor(quiet, s.set, NormKind::kLinf, /*dense_limit=*/0);
+    const EngineBound q = PostLnVariationBound(quiet, CoverOf(s.set), quiet_in);
+    const double exact = RowSumMax(JacobianMp(quiet, s.set.center));
+    EXPECT_GE(q.terms.at(0).value.value(), exact * (1 - 1e-6)) << "case " << c;
+    EXPECT_LE(q.terms.at(0).value.value(), exact * (1 + 1e-3)) << "case " << c;
+  }
+  EXPECT_EQ(points, 6 * cases);
+}
+
 // The inf norm token by token: the rows of J_M(X0) (certified above the MPFR largest row sum of
 // each token's rows and within 1e-6 of it, so 0.8 of each fails), each token's variation at
 // most the whole and above the MPFR ||J_{M,i}(X) - J_{M,i}(X0)||_inf at random points, and
