@@ -135,4 +135,37 @@ LayerNormMhaRowsInf LayerNormMhaRowsInfUp(const AttentionLayer& mha, const Token
   return out;
 }
 
+// Token i's rows D_i (E_i + J_{M,i}(X0)), E_i selecting token i's columns, have ||.||_inf <=
+// ||D_i||_inf (1 + c_i), c_i >= ||J_{M,i}(X0)||_inf: MHA's row sums where known, else its
+// certified ||J_M(X0)||_inf (every token's rows are rows of J_M(X0)).
+double CrudeInfCentreUp(const Eigen::VectorXd& ln_centre, const PostLnVariationInputs& in) {
+  const Eigen::Index n = ln_centre.size();
+  const bool rows = in.mha_row_centre_inf.size() == n;
+  double out = 0;
+  for (Eigen::Index i = 0; i < n; ++i) {
+    const double c_i = rows ? std::min(in.mha_row_centre_inf(i), in.mha_centre.value()) : in.mha_centre.value();
+    out = std::max(out, MulUp(ln_centre(i), AddUp(1.0, c_i)));
+  }
+  return out;
+}
+
+// The tokens compete with ||D_i(yc_i)||_inf min(V_M, v_i), the term they replace.
+void AddLayerNormMhaRowsInf(const AttentionLayer& L, const TokenCover& cover, int threads,
+                            std::chrono::steady_clock::time_point deadline, PostLnVariationInputs* in) {
+  const Eigen::Index n = cover.center.rows();
+  if (in->mha_row_variation_inf.size() != n || !std::isfinite(in->heads_variation.value())) return;
+  const TokenCover yc = PostLnYCover(L, TokenCover{cover.center, Eigen::VectorXd::Zero(n), UpperBound(0), {}},
+                                     Eigen::VectorXd::Zero(n));
+  if (!yc.center.allFinite()) return;
+  const MhaInput f = PostLnFactorsOver(L, yc, NormKind::kLinf);
+  Eigen::VectorXd current(n);
+  for (Eigen::Index i = 0; i < n; ++i)
+    current(i) = MulUp(NormInfUpper(f.ln_jac[size_t(i)]).value(),
+                       std::min(in->mha_variation.value(), in->mha_row_variation_inf(i)));
+  in->ln_mha_rows_inf =
+      LayerNormMhaRowsInfUp(L.WithoutPostLayerNorm(), cover, f.ln_jac, in->heads_variation, current, threads, deadline)
+          .upper;
+  in->ln_mha_rows_y = yc.center;
+}
+
 }  // namespace lipcert

@@ -44,4 +44,16 @@ LayerNormMhaRowsInf LayerNormMhaRowsInfUp(const AttentionLayer& mha, const Token
                                           const Eigen::VectorXd& current, int threads,
                                           std::chrono::steady_clock::time_point deadline);
 
+// The crude centre in the inf norm, >= ||D(Yc)(I + J_M(X0))||_inf, from ln_centre(i) >=
+// ||D_i(yc_i)||_inf and MHA's certified centre in `in` (its rows where known): above the dense
+// size, where the inf centre is not certified (docs/engines.md, "The inf norm at a point").
+double CrudeInfCentreUp(const Eigen::VectorXd& ln_centre, const PostLnVariationInputs& in);
+
+// in->ln_mha_rows_inf (LayerNormMhaRowsInfUp) at the Y centre every cover of Y has (the
+// enclosure of Y0), the tokens in the order of the term each competes with,
+// ||D_i(yc_i)||_inf min(V_M, v_i), until `deadline`; nothing where MHA's row variations or the
+// heads' variation are missing.
+void AddLayerNormMhaRowsInf(const AttentionLayer& L, const TokenCover& cover, int threads,
+                            std::chrono::steady_clock::time_point deadline, PostLnVariationInputs* in);
+
 }  // namespace lipcert

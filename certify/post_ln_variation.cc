@@ -160,21 +160,6 @@ double CrudeCentreUp(const Eigen::VectorXd& ln_centre, const PostLnVariationInpu
   return MulUp(top, WeightedCentreUp(w, in.mha_row_centre_l2, in.mha_l2_centre.value()));
 }
 
-// The crude centre in the inf norm (above the dense size, where the rows of J_M(X0) are not
-// enclosed): token i's rows D_i (E_i + J_{M,i}(X0)), E_i selecting token i's columns, have
-// ||.||_inf <= ||D_i||_inf (1 + c_i), c_i >= ||J_{M,i}(X0)||_inf (MHA's row sums where known,
-// else its certified ||J_M(X0)||_inf, every token's rows being rows of J_M(X0)).
-double CrudeInfCentreUp(const Eigen::VectorXd& ln_centre, const PostLnVariationInputs& in) {
-  const Eigen::Index n = ln_centre.size();
-  const bool rows = in.mha_row_centre_inf.size() == n;
-  double out = 0;
-  for (Eigen::Index i = 0; i < n; ++i) {
-    const double c_i = rows ? std::min(in.mha_row_centre_inf(i), in.mha_centre.value()) : in.mha_centre.value();
-    out = std::max(out, MulUp(ln_centre(i), AddUp(1.0, c_i)));
-  }
-  return out;
-}
-
 // The MHA term through D(Yc) and the LayerNorm term, from the LayerNorm's factors per token.
 struct LayerNormTerms {
   double through_mha = 0;  // ||D(Yc)(J_M(X) - J_M(X0))|| <= max_i ||D_i(yc_i)|| V_M (token by token in inf)
@@ -515,26 +500,6 @@ void AddRowsCentre(const AttentionLayer& L, const Eigen::MatrixXd& x0, const Int
   in->rows_centre_y = yc.center;
 }
 
-// in->ln_mha_rows_inf (LayerNormMhaRowsInfUp) at the Y centre every cover of Y has (the
-// enclosure of Y0), the tokens in the order of the term each competes with,
-// ||D_i(yc_i)||_inf min(V_M, v_i), until `deadline`.
-void AddLayerNormMhaRowsInf(const AttentionLayer& L, const TokenCover& cover, int threads,
-                            std::chrono::steady_clock::time_point deadline, PostLnVariationInputs* in) {
-  const Eigen::Index n = cover.center.rows();
-  if (in->mha_row_variation_inf.size() != n || !Finite(in->heads_variation)) return;
-  const TokenCover yc = PostLnYCover(L, TokenCover{cover.center, Eigen::VectorXd::Zero(n), UpperBound(0), {}},
-                                     Eigen::VectorXd::Zero(n));
-  if (!yc.center.allFinite()) return;
-  const MhaInput f = PostLnFactorsOver(L, yc, NormKind::kLinf);
-  Eigen::VectorXd current(n);
-  for (Eigen::Index i = 0; i < n; ++i)
-    current(i) = MulUp(NormInfUpper(f.ln_jac[size_t(i)]).value(),
-                       std::min(in->mha_variation.value(), in->mha_row_variation_inf(i)));
-  in->ln_mha_rows_inf =
-      LayerNormMhaRowsInfUp(L.WithoutPostLayerNorm(), cover, f.ln_jac, in->heads_variation, current, threads, deadline)
-          .upper;
-  in->ln_mha_rows_y = yc.center;
-}
 
 }  // namespace
 
@@ -572,6 +537,38 @@ AttentionLayer HeadsBeforeWo(const AttentionLayer& mha) {
   if (h.bo.size()) h.bo.setZero();
   return h;
 }
+
+namespace {
+// The inf norm's centre (PostLnCentreInfFrom, from the dense enclosure jm) and its rows, or
+// above the dense size MHA's certified inf centre for the bound's crude one; then, over a set,
+// the MHA term through D_i Wo.
+void AddInfCentre(const AttentionLayer& L, const InputSet& set, long inf_dense_limit, IntervalMatrix jm, int threads,
+                  std::chrono::steady_clock::time_point deadline, PostLnVariationInputs* in,
+                  PostLnCentreInfBounds* inf_centre) {
+  PostLnCentreInfBounds c;
+  c.note = InfDenseRefusal(long(set.center.size()), inf_dense_limit);
+  const bool dense = c.note.empty();
+  if (dense) c = PostLnCentreInfFrom(L, set.center, std::move(jm), threads, deadline);
+  in->centre = c.upper;
+  // Above the dense size the bound's crude centre needs MHA's certified ||J_M(X0)||_inf:
+  // from MHA's streamed row sums where its certificate has none (its share of the run too
+  // short: MiniLM N = 64 takes about 10 s on 2 cores), within 0.4 of the time left.
+  if (!dense && !std::isfinite(in->mha_centre.value())) {
+    CentreNormOptions co;
+    co.threads = threads;
+    co.deadline = ShareOf(deadline, 0.4);
+    const CentreInfNormBounds mc = CentreJacobianInfNormBounds(L.WithoutPostLayerNorm(), set.center, co);
+    if (!mc.timed_out) in->mha_centre = mc.upper;
+  }
+  // The enclosure's own ||J_M(X0)||_inf is a second certified centre of MHA, and its rows token by token.
+  if (c.mha_upper.value() < in->mha_centre.value()) in->mha_centre = c.mha_upper;
+  if (set.radius > 0) in->mha_row_centre_inf = c.mha_rows;
+  if (inf_centre) *inf_centre = c;
+  // After the centre, which the bound cannot do without.
+  if (set.radius > 0) AddLayerNormMhaRowsInf(L, CoverOf(set), threads, ShareOf(deadline, 0.85), in);
+}
+
+}  // namespace
 
 PostLnVariationInputs PostLnVariationInputsFor(const AttentionLayer& L, const InputSet& set, NormKind p,
                                                const MhaPieces& m2, const MhaPieces& mp, UpperBound centre_l2,
@@ -637,26 +634,7 @@ PostLnVariationInputs PostLnVariationInputsFor(const AttentionLayer& L, const In
   if (p == NormKind::kL2) {
     in.centre = centre_l2;
   } else {
-    PostLnCentreInfBounds c;
-    c.note = InfDenseRefusal(long(set.center.size()), inf_dense_limit);
-    if (dense) c = PostLnCentreInfFrom(L, set.center, std::move(jm), threads, deadline);
-    in.centre = c.upper;
-    // Above the dense size the bound's crude centre needs MHA's certified ||J_M(X0)||_inf:
-    // from MHA's streamed row sums where its certificate has none (its share of the run too
-    // short: MiniLM N = 64 takes about 10 s on 2 cores), within 0.4 of the time left.
-    if (!dense && !std::isfinite(in.mha_centre.value())) {
-      CentreNormOptions co;
-      co.threads = threads;
-      co.deadline = ShareOf(deadline, 0.4);
-      const CentreInfNormBounds mc = CentreJacobianInfNormBounds(mha, set.center, co);
-      if (!mc.timed_out) in.mha_centre = mc.upper;
-    }
-    // The enclosure's own ||J_M(X0)||_inf is a second certified centre of MHA, and its rows token by token.
-    if (c.mha_upper.value() < in.mha_centre.value()) in.mha_centre = c.mha_upper;
-    if (set.radius > 0) in.mha_row_centre_inf = c.mha_rows;
-    if (inf_centre) *inf_centre = c;
-    // After the centre, which the bound cannot do without.
-    if (set.radius > 0) AddLayerNormMhaRowsInf(L, CoverOf(set), threads, ShareOf(deadline, 0.85), &in);
+    AddInfCentre(L, set, inf_dense_limit, std::move(jm), threads, deadline, &in, inf_centre);
   }
   return in;
 }
