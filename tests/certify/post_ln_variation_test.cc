@@ -719,5 +719,47 @@ TEST(PostLnVariation, CertifyWitnessNeverBelowTheCentre) {
   }
 }
 
+// The candidate above the dense size (inf_dense_limit 0: no row blocks, no inf enclosure) and
+// without post_ln_centre: in norm 2 it applies with the crude centre from MHA's certified
+// centre, and refuses, saying why, where MHA's certificate has no centre; in the inf norm it
+// computes MHA's inf centre where the certificate has none and applies. Every bound that
+// applies is above the MPFR ||J_f|| at the centre and at random points of the set.
+TEST(PostLnVariation, CandidateAboveTheDenseSize) {
+  mpfr::mpreal::set_default_prec(256);
+  std::mt19937_64 rng(3619);
+  const long cases = testing::Count(4);
+  const auto no_deadline = std::chrono::steady_clock::time_point::max();
+  long applied = 0;
+  for (long c = 0; c < cases; ++c) {
+    const SetCase s = RandomSetCase(c, rng, -3, -2);
+    const AttentionLayer mha = s.layer.WithoutPostLayerNorm();
+    CertifyOptions o;
+    o.time_limit_s = 2;
+    const Certificate c2 = Certify(mha, s.set, o, Provenance{});
+    ASSERT_TRUE(std::isfinite(MhaPiecesOf(c2).centre.value())) << "case " << c;
+    Certificate no_centre;  // a bound, but no centre_norm engine
+    no_centre.upper_bound = c2.upper_bound;
+    const Eigen::MatrixXd no_y;
+    const EngineResult crude =
+        PostLnVariationCandidate(s.layer, s.set, NormKind::kL2, c2, c2, UpperBound(kInf), no_y, 1, no_deadline, 0);
+    const EngineResult refused = PostLnVariationCandidate(s.layer, s.set, NormKind::kL2, no_centre, no_centre,
+                                                          UpperBound(kInf), no_y, 1, no_deadline, 0);
+    const EngineResult inf = PostLnVariationCandidate(s.layer, s.set, NormKind::kLinf, c2, no_centre,
+                                                      UpperBound(kInf), no_y, 1, no_deadline, 0);
+    EXPECT_FALSE(refused.applied) << "case " << c;
+    EXPECT_NE(refused.note.find("no certified centre norm"), std::string::npos) << "case " << c << ": " << refused.note;
+    for (const auto& [r, p] : {std::pair{crude, NormKind::kL2}, std::pair{inf, NormKind::kLinf}}) {
+      ASSERT_TRUE(r.applied) << "case " << c << ": " << r.note;
+      EXPECT_NE(r.terms.at(0).name.find("crude"), std::string::npos) << "case " << c;
+      EXPECT_GE(r.upper.value(), NormOf(JacobianMp(s.layer, s.set.center), p)) << "case " << c;
+      for (int k = 0; k < 4; ++k)
+        EXPECT_GE(r.upper.value(), NormOf(JacobianMp(s.layer, RandomPointIn(s.set, rng, k % 2 ? 1.0 : 0.5)), p))
+            << "case " << c << " point " << k;
+      ++applied;
+    }
+  }
+  EXPECT_EQ(applied, 2 * cases);
+}
+
 }  // namespace
 }  // namespace lipcert
