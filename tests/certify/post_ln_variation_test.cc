@@ -397,78 +397,55 @@ TEST(PostLnVariation, InfRowsThroughDiWoCarryTheEnclosureWidth) {
   EXPECT_EQ(checked, cases);
 }
 
-// Above the dense size (no row blocks of J_M(X0)) and without a certified centre, the crude
-// centre max_k ||D_k|| (1 + ||J_M(X0)||) from MHA's own certified centre: above the MPFR
-// ||J_f(X0)||, within 1e-3 of it where MHA barely moves, and the bound above the MPFR
-// ||J_f(X)|| at random points of the set.
-TEST(PostLnVariation, CrudeCentreFromMhaCentreAboveTheDenseSize) {
+// Above the dense size (no row blocks of J_M(X0), no inf enclosure) and without a certified
+// centre, the crude centre from MHA's own certified centre, in norm p: above the MPFR
+// ||J_f(X0)||_p, within 1e-3 of it where MHA barely moves (Wo scaled by 1e-6: ||J_f(X0)||_p
+// is then max_k ||D_k(yc_k)||_p up to about 1e-6, so 0.8 of it, or a factor on it, fails),
+// and the bound above the MPFR ||J_f(X)||_p at random points of the set.
+void CheckCrudeCentreAboveTheDenseSize(NormKind p, std::mt19937_64& rng) {
   mpfr::mpreal::set_default_prec(256);
-  std::mt19937_64 rng(3613);
   const long cases = testing::Count(10);
   long points = 0;
   for (long c = 0; c < cases; ++c) {
     const SetCase s = RandomSetCase(c, rng, -3, -1);
+    const auto crude = [&](const AttentionLayer& layer) {
+      PostLnVariationInputs in = InputsFor(layer, s.set, p, /*dense_limit=*/0);
+      EXPECT_EQ(in.mha_row_centre_l2.size(), 0) << "case " << c;
+      EXPECT_TRUE(std::isfinite((p == NormKind::kL2 ? in.mha_l2_centre : in.mha_centre).value())) << "case " << c;
+      in.centre = UpperBound(kInf);  // (the inf norm has none above the dense size)
+      const EngineBound b = PostLnVariationBound(layer, CoverOf(s.set), in);
+      EXPECT_NE(b.terms.at(0).name.find("crude"), std::string::npos) << "case " << c;
+      return b;
+    };
     const AttentionLayer& L = s.layer;
-    PostLnVariationInputs in = InputsFor(L, s.set, NormKind::kL2, /*dense_limit=*/0);
-    ASSERT_EQ(in.mha_row_centre_l2.size(), 0) << "case " << c;
-    ASSERT_TRUE(std::isfinite(in.mha_l2_centre.value())) << "case " << c;
-    in.centre = UpperBound(kInf);
-    const EngineBound b = PostLnVariationBound(L, CoverOf(s.set), in);
+    const EngineBound b = crude(L);
     ASSERT_TRUE(std::isfinite(b.upper.value())) << "case " << c << ": " << b.note;
-    EXPECT_GE(b.terms.at(0).value.value(), Sigma1(JacobianMp(L, s.set.center)) * (1 - 1e-6)) << "case " << c;
+    EXPECT_GE(b.terms.at(0).value.value(), NormOf(JacobianMp(L, s.set.center), p) * (1 - 1e-6)) << "case " << c;
     for (int k = 0; k < 6; ++k) {
-      EXPECT_LE(Sigma1(JacobianMp(L, RandomPointIn(s.set, rng, k % 2 ? 1.0 : 0.5))), b.upper.value())
+      EXPECT_LE(NormOf(JacobianMp(L, RandomPointIn(s.set, rng, k % 2 ? 1.0 : 0.5)), p), b.upper.value())
           << "case " << c << " point " << k;
       ++points;
     }
-    // Tight where MHA barely moves: with Wo scaled by 1e-6, ||J_f(X0)|| is max_k ||D_k(yc_k)||
-    // up to about 1e-6, and so is the crude centre (0.8 of it, or a factor on it, fails).
     AttentionLayer quiet = L;
     quiet.wo *= 1e-6;
-    PostLnVariationInputs quiet_in = InputsFor(quiet, s.set, NormKind::kL2, /*dense_limit=*/0);
-    quiet_in.centre = UpperBound(kInf);
-    const EngineBound q = PostLnVariationBound(quiet, CoverOf(s.set), quiet_in);
-    const double exact = Sigma1(JacobianMp(quiet, s.set.center));
-    EXPECT_NE(q.terms.at(0).name.find("crude"), std::string::npos) << "case " << c;
+    const EngineBound q = crude(quiet);
+    const double exact = NormOf(JacobianMp(quiet, s.set.center), p);
     EXPECT_GE(q.terms.at(0).value.value(), exact * (1 - 1e-6)) << "case " << c;
     EXPECT_LE(q.terms.at(0).value.value(), exact * (1 + 1e-3)) << "case " << c;
   }
   EXPECT_EQ(points, 6 * cases);
 }
 
-// In the inf norm above the dense size (no enclosure of J_M(X0), so no inf centre), the crude
-// centre max_i ||D_i(yc_i)||_inf (1 + ||J_M(X0)||_inf) from MHA's certified centre: above the
-// MPFR ||J_f(X0)||_inf, within 1e-3 of it where MHA barely moves, and the bound above the
-// MPFR ||J_f(X)||_inf at random points of the set.
+// Norm 2: max_k ||D_k|| ||diag(w)(I + J_M(X0))|| with MHA's certified ||J_M(X0)||_2.
+TEST(PostLnVariation, CrudeCentreFromMhaCentreAboveTheDenseSize) {
+  std::mt19937_64 rng(3613);
+  CheckCrudeCentreAboveTheDenseSize(NormKind::kL2, rng);
+}
+
+// Inf: max_i ||D_i(yc_i)||_inf (1 + ||J_M(X0)||_inf) (CrudeInfCentreUp).
 TEST(PostLnVariation, CrudeInfCentreAboveTheDenseSize) {
-  mpfr::mpreal::set_default_prec(256);
   std::mt19937_64 rng(3617);
-  const long cases = testing::Count(10);
-  long points = 0;
-  for (long c = 0; c < cases; ++c) {
-    const SetCase s = RandomSetCase(c, rng, -3, -1);
-    const AttentionLayer& L = s.layer;
-    const PostLnVariationInputs in = InputsFor(L, s.set, NormKind::kLinf, /*dense_limit=*/0);
-    ASSERT_FALSE(std::isfinite(in.centre.value())) << "case " << c;
-    ASSERT_TRUE(std::isfinite(in.mha_centre.value())) << "case " << c;
-    const EngineBound b = PostLnVariationBound(L, CoverOf(s.set), in);
-    ASSERT_TRUE(std::isfinite(b.upper.value())) << "case " << c << ": " << b.note;
-    EXPECT_NE(b.terms.at(0).name.find("crude"), std::string::npos) << "case " << c;
-    EXPECT_GE(b.terms.at(0).value.value(), RowSumMax(JacobianMp(L, s.set.center)) * (1 - 1e-6)) << "case " << c;
-    for (int k = 0; k < 6; ++k) {
-      EXPECT_LE(RowSumMax(JacobianMp(L, RandomPointIn(s.set, rng, k % 2 ? 1.0 : 0.5))), b.upper.value())
-          << "case " << c << " point " << k;
-      ++points;
-    }
-    AttentionLayer quiet = L;
-    quiet.wo *= 1e-6;
-    const PostLnVariationInputs quiet_in = InputsFor(quiet, s.set, NormKind::kLinf, /*dense_limit=*/0);
-    const EngineBound q = PostLnVariationBound(quiet, CoverOf(s.set), quiet_in);
-    const double exact = RowSumMax(JacobianMp(quiet, s.set.center));
-    EXPECT_GE(q.terms.at(0).value.value(), exact * (1 - 1e-6)) << "case " << c;
-    EXPECT_LE(q.terms.at(0).value.value(), exact * (1 + 1e-3)) << "case " << c;
-  }
-  EXPECT_EQ(points, 6 * cases);
+  CheckCrudeCentreAboveTheDenseSize(NormKind::kLinf, rng);
 }
 
 // The inf norm token by token: the rows of J_M(X0) (certified above the MPFR largest row sum of
