@@ -173,7 +173,9 @@ EngineBound CentreNormSum(const UpperBound& centre_norm, const CentredVariation&
   // The centred form's halves: the centre norm, and the rest of the terms added in order.
   double variation = 0;
   for (size_t i = 1; i < out.terms.size(); ++i) variation = AddUp(variation, out.terms[i].value.value());
-  out.centre_norm = CentreNormTerms{centre_norm, UpperBound(variation)};
+  // MHA alone: the variation is the centred variation's alone, and so is its mean.
+  out.centre_norm = CentreNormTerms{centre_norm, UpperBound(variation),
+                                    v.in.residual ? UpperBound(kInf) : v.mean_variation};
   return out;
 }
 

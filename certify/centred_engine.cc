@@ -149,14 +149,15 @@ double SecondOrderSupUp(const std::vector<HeadGeometry>& geo, const MhaInput& in
 // from Zc to Z, J_M(Z) - J_M(Zc) = int_0^1 D^2 out(Zc + s (Z - Zc))[Z - Zc, .] ds, and the
 // point at s lies in the cover scaled by s. So with nodes 0 < s_1 < ... < s_K = 1,
 //   sup ||J_M(z) - J_M(zc)|| <= joint_z sum_k (s_k - s_{k-1}) T(s_k),
-// T(s) = SecondOrderSupUp at s. T(1) comes from the caller (it took t_one_seconds); the nodes
+// T(s) = SecondOrderSupUp at s, and the mean along the segment likewise
+// (SecondOrderNodeIntegralsUp). T(1) comes from the caller (it took t_one_seconds); the nodes
 // 1/2, 1/4, 3/4, then the odd eighths are added while they fit in a tenth of the time left
 // and before refine_until (the rest is the centre norm's). With up_to_refine_until, while
 // they fit before it, each refining for its share of what is left among the nodes that fit
 // at the last one's pace (T(1)'s for the first): a node whose columns are cut is no better
 // than T(1) where the heads are diffuse, so fewer nodes, each refined, pay more. Any set of
 // nodes gives a bound, and T(1) bounds every T(s).
-double SecondOrderVariationUp(const std::vector<HeadGeometry>& geo, const MhaInput& in, bool causal, double t_one,
+NodeIntegrals SecondOrderVariationUp(const std::vector<HeadGeometry>& geo, const MhaInput& in, bool causal, double t_one,
                               double t_one_seconds, const BoundOptions& opts,
                               std::chrono::steady_clock::time_point refine_until, bool up_to_refine_until,
                               const HeadsApart* apart, SecondOrderRoute route, int* node_count,
@@ -188,13 +189,8 @@ double SecondOrderVariationUp(const std::vector<HeadGeometry>& geo, const MhaInp
     last = std::chrono::steady_clock::now() - t0;
   }
   std::sort(nodes.begin(), nodes.end());
-  double sum = 0, prev = 0;
-  for (const auto& [s, t] : nodes) {
-    sum = AddUp(sum, MulUp(SubUp(s, prev), t));
-    prev = s;
-  }
   *node_count = int(nodes.size());
-  return MulUp(in.joint_z, sum);
+  return SecondOrderNodeIntegralsUp(nodes, in.joint_z);
 }
 }  // namespace
 
@@ -475,7 +471,7 @@ CentredVariation CentredVariationBound(const AttentionLayer& L, const TokenCover
   // columns took 10.1-10.6 s, and half of the time, 11.0 s, cut them there once in three).
   const auto now = std::chrono::steady_clock::now();
   const ColumnsShare t_one_share = up_to_refine_until ? ColumnsShare{0.65, refine_until} : ColumnsShare{0.2, opts.deadline};
-  double second = kInf;
+  double second = kInf, second_mean = kInf;
   if (second_order) {
     SecondOrderRoute route = SecondOrderRoute::kChoose;
     const HeadsApart* apart_or_null = apart_applies ? &apart : nullptr;
@@ -483,14 +479,29 @@ CentredVariation CentredVariationBound(const AttentionLayer& L, const TokenCover
                                           apart_or_null, &route, row_weights);
     v.heads_apart = route == SecondOrderRoute::kStacked;
     const double t_one_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - now).count();
-    second = MulUp(ell_max, SecondOrderVariationUp(geo, in, L.causal, t_one, t_one_seconds, opts, refine_until,
-                                                   up_to_refine_until, apart_or_null, route, &v.second_order_nodes,
-                                                   row_weights));
+    const NodeIntegrals integrals = SecondOrderVariationUp(geo, in, L.causal, t_one, t_one_seconds, opts, refine_until,
+                                                           up_to_refine_until, apart_or_null, route,
+                                                           &v.second_order_nodes, row_weights);
+    second = MulUp(ell_max, integrals.variation);
+    second_mean = MulUp(ell_max, integrals.mean);
   }
   NameVariation(first, second, second_order, ell_max, p, &v);
+  // A first-order route bounds the motion at every point of the segment by the whole.
+  v.mean_variation = v.variation.value() == second ? UpperBound(std::min(second_mean, second)) : v.variation;
   if (p == NormKind::kLinf) v.row_variation = RowVariationUp(summed, in, n, v.variation.value());
   v.complete = true;
   return v;
+}
+
+NodeIntegrals SecondOrderNodeIntegralsUp(const std::vector<std::pair<double, double>>& nodes, double joint) {
+  double sum = 0, mean = 0, prev = 0;
+  for (const auto& [s, t] : nodes) {
+    sum = AddUp(sum, MulUp(SubUp(s, prev), t));
+    // int over (prev, s] of (1 - r) dr = (s - prev) (2 - prev - s) / 2
+    mean = AddUp(mean, MulUp(t, DivUp(MulUp(SubUp(s, prev), SubUp(2.0, AddDown(prev, s))), 2.0)));
+    prev = s;
+  }
+  return {MulUp(joint, sum), MulUp(joint, mean)};
 }
 
 EngineBound CentredBound(const AttentionLayer& L, const TokenCover& cover, const BoundOptions& opts) {

@@ -40,6 +40,12 @@ UpperBound CentredUpperBound(const AttentionLayer& layer, const TokenCover& cove
 // Any size (O(H N^2 D) work); `complete` is false when opts.deadline passed first.
 struct CentredVariation {
   UpperBound variation{kInf};
+  // >= sup over the cover of the mean along the segment, int_0^1 ||J_M(z_s) - J_M(zc)|| ds with
+  // z_s = zc + s (z - zc) (LayerNorm factors included as in `variation`): where the second order
+  // won, its nodes weighted by the integral of (1 - s) over their intervals (about half of
+  // `variation`); else `variation` itself. For MHA alone it bounds a token's displacement:
+  // ||M_i(z) - M_i(zc)|| <= (||J_{M,i}(zc)|| + mean_variation) ||z - zc||.
+  UpperBound mean_variation{kInf};
   const char* route = "";                 // which of the candidate bounds won
   std::vector<BoundTerm> alternatives;    // the candidates
   MhaInput in;                            // the cover of the MHA input (LayerNorm factors)
@@ -70,6 +76,17 @@ CentredVariation CentredVariationBound(
     const AttentionLayer& layer, const TokenCover& cover, const BoundOptions& opts,
     std::chrono::steady_clock::time_point refine_until = std::chrono::steady_clock::time_point::max(),
     bool up_to_refine_until = false, const Eigen::VectorXd* row_weights = nullptr);
+
+// The second order's integral over its nodes (s, T(s)), 0 < s_1 < ... < s_K = 1, T(s_k) >=
+// sup ||D^2 f[U, .]|| over unit U and the cover scaled by s_k, `joint` >= ||Z - Zc||_F:
+// `variation` = joint sum_k (s_k - s_{k-1}) T(s_k) >= sup ||J(Z) - J(Zc)||, and, since
+// ||J(Z_s) - J(Zc)|| <= joint int_0^s T, `mean` = joint sum_k T(s_k) ((1 - s_{k-1})^2 - (1 - s_k)^2) / 2
+// >= int_0^1 ||J(Z_s) - J(Zc)|| ds (the order of integration swapped: weight 1 - s). Rounded up.
+struct NodeIntegrals {
+  double variation = 0;
+  double mean = 0;
+};
+NodeIntegrals SecondOrderNodeIntegralsUp(const std::vector<std::pair<double, double>>& nodes, double joint);
 
 // The inf variation of one token's rows with the output projection replaced, token by token
 // (the post-LN sublayer's D_i Wo, certify/post_ln_inf.h). The work that does not depend on Wo

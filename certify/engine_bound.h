@@ -59,6 +59,9 @@ struct BoundTerm {
 struct CentreNormTerms {
   UpperBound centre{kInf};
   UpperBound variation{kInf};
+  // >= sup over the set of int_0^1 ||J(X0 + s (X - X0)) - J(X0)|| ds (CentredVariation's
+  // mean_variation) for MHA alone; +inf where not known.
+  UpperBound mean_variation{kInf};
 };
 
 // A certified upper bound with the terms it is made of.

@@ -47,13 +47,15 @@ std::string PostLnVariationInputs::IsValid() const {
   const std::pair<const char*, UpperBound> fields[] = {
       {"centre", centre},           {"mha_centre", mha_centre},       {"mha_variation", mha_variation},
       {"mha_upper", mha_upper},     {"mha_l2_upper", mha_l2_upper},   {"mha_l2_centre", mha_l2_centre},
-      {"mha_l2_variation", mha_l2_variation}};
+      {"mha_l2_variation", mha_l2_variation}, {"mha_l2_mean_variation", mha_l2_mean_variation}};
   for (const auto& [name, u] : fields)
     if (std::isnan(u.value()) || u.value() < 0) return std::string(name) + ": must be >= 0 (+inf allowed)";
   for (Eigen::Index i = 0; i < heads_row_weights.size(); ++i)
     if (!(heads_row_weights(i) >= 0)) return "heads_row_weights: each must be >= 0";
   for (Eigen::Index i = 0; i < mha_row_variation_l2.size(); ++i)
     if (!(mha_row_variation_l2(i) >= 0)) return "mha_row_variation_l2: each must be >= 0 (+inf allowed)";
+  for (Eigen::Index i = 0; i < mha_row_mean_variation_l2.size(); ++i)
+    if (!(mha_row_mean_variation_l2(i) >= 0)) return "mha_row_mean_variation_l2: each must be >= 0 (+inf allowed)";
   for (Eigen::Index i = 0; i < ln_mha_rows_inf.size(); ++i)
     if (!(ln_mha_rows_inf(i) >= 0)) return "ln_mha_rows_inf: each must be >= 0 (+inf allowed)";
   for (Eigen::Index i = 0; i < ln_row_weights.size(); ++i)
@@ -96,13 +98,29 @@ double MhaRowL2UpperOf(const PostLnVariationInputs& in, double u2, Eigen::Index 
   return std::min(u2, AddUp(in.mha_row_centre_l2(i), own));
 }
 
+// >= sup_S int_0^1 ||J_{M,i}(X_s)||_2 ds for token i of n, X_s = X0 + s (X - X0): its row
+// block's (else the whole) norm at X0 plus the mean variation along the segment, token i's
+// own where known (the variation, which bounds the mean, where no mean is known).
+double MhaRowMeanL2UpperOf(const PostLnVariationInputs& in, Eigen::Index i, Eigen::Index n) {
+  const double centre = in.mha_row_centre_l2.size() == n ? in.mha_row_centre_l2(i) : in.mha_l2_centre.value();
+  double mean = std::min(in.mha_l2_mean_variation.value(), in.mha_l2_variation.value());
+  if (in.mha_row_mean_variation_l2.size() == n) mean = std::min(mean, in.mha_row_mean_variation_l2(i));
+  return AddUp(centre, mean);
+}
+
+// The per-token cover of Y. On the segment X_s, M_i(X) - M_i(X0) = int_0^1 J_{M,i}(X_s) (X - X0) ds,
+// so token i moves by at most ||X - X0||_F times the sup of ||J_{M,i}|| over the set
+// (MhaRowL2UpperOf), or times its mean along the segment (MhaRowMeanL2UpperOf), the smaller.
 TokenCover YCoverOf(const AttentionLayer& L, const TokenCover& cover, const PostLnVariationInputs& in, double u2,
                     ExpBackend exp_backend) {
   const Eigen::Index n = cover.center.rows();
   const double joint = JointRadiusUp(cover).value();
   Eigen::VectorXd moved(n);
-  for (Eigen::Index i = 0; i < n; ++i) moved(i) = MulUp(MhaRowL2UpperOf(in, u2, i, n), joint);
-  return PostLnYCover(L, cover, moved, exp_backend, UpperBound(MulUp(u2, joint)));
+  for (Eigen::Index i = 0; i < n; ++i)
+    moved(i) = MulUp(std::min(MhaRowL2UpperOf(in, u2, i, n), MhaRowMeanL2UpperOf(in, i, n)), joint);
+  const double whole_mean = std::isfinite(in.mha_l2_mean_variation.value())
+                                ? AddUp(in.mha_l2_centre.value(), in.mha_l2_mean_variation.value()) : kInf;
+  return PostLnYCover(L, cover, moved, exp_backend, UpperBound(MulUp(std::min(u2, whole_mean), joint)));
 }
 
 // Whether a piece computed at the Y centre `at` holds at the bound's own Y centre yc.
@@ -409,14 +427,16 @@ namespace {
 // certify/centred_engine.h): its optional refinements end by `refine_until` (a share of the
 // stage), the bound itself by `deadline` (the stage's end), so that a share too short for the
 // machine's load still gives the unrefined bound; +inf where it did not finish.
+// *mean (if non-null) receives its mean along the segment (CentredVariation::mean_variation).
 UpperBound VariationOf(const AttentionLayer& mha, const TokenCover& cover, NormKind q, int threads,
                        std::chrono::steady_clock::time_point refine_until, std::chrono::steady_clock::time_point deadline,
-                       const Eigen::VectorXd* row_weights = nullptr) {
+                       const Eigen::VectorXd* row_weights = nullptr, UpperBound* mean = nullptr) {
   BoundOptions bo;
   bo.norm = q;
   bo.threads = threads;
   bo.deadline = deadline;
   const CentredVariation v = CentredVariationBound(mha, cover, bo, std::min(refine_until, deadline), false, row_weights);
+  if (mean) *mean = v.complete ? v.mean_variation : UpperBound(kInf);
   return v.complete ? v.variation : UpperBound(kInf);
 }
 
@@ -474,15 +494,22 @@ void AddLayerNormRows(const AttentionLayer& L, const TokenCover& cover, int thre
     UpperBound centre_w(kInf);
     const Eigen::VectorXd w = LayerNormRowWeights(L, cover, *in, &centre_w);
     if (!w.size()) return;
-    const UpperBound variation_w =
-        VariationOf(mha, cover, NormKind::kL2, threads, ShareOf(deadline, pass == 0 ? 0.5 : 0.85), deadline, &w);
+    UpperBound mean_w(kInf);
+    const UpperBound variation_w = VariationOf(mha, cover, NormKind::kL2, threads,
+                                               ShareOf(deadline, pass == 0 ? 0.5 : 0.85), deadline, &w, &mean_w);
     if (!Finite(variation_w) || !Finite(centre_w)) return;
     in->ln_row_weights = w;
     in->ln_rows_centre = centre_w;
     in->ln_rows_variation = variation_w;
+    // w_i ||A_i|| <= ||diag(w) A||, at every point of the segment and so in the mean.
     if (in->mha_row_variation_l2.size() != w.size()) in->mha_row_variation_l2 = Eigen::VectorXd::Constant(w.size(), kInf);
-    for (Eigen::Index i = 0; i < w.size(); ++i)
-      if (w(i) > 0) in->mha_row_variation_l2(i) = std::min(in->mha_row_variation_l2(i), DivUp(variation_w.value(), w(i)));
+    if (in->mha_row_mean_variation_l2.size() != w.size())
+      in->mha_row_mean_variation_l2 = Eigen::VectorXd::Constant(w.size(), kInf);
+    for (Eigen::Index i = 0; i < w.size(); ++i) {
+      if (!(w(i) > 0)) continue;
+      in->mha_row_variation_l2(i) = std::min(in->mha_row_variation_l2(i), DivUp(variation_w.value(), w(i)));
+      in->mha_row_mean_variation_l2(i) = std::min(in->mha_row_mean_variation_l2(i), DivUp(mean_w.value(), w(i)));
+    }
   }
 }
 
@@ -510,6 +537,7 @@ MhaPieces MhaPiecesOf(const Certificate& c) {
     if (e.id != EngineId::kCentreNorm || !e.applied || !std::isfinite(e.upper.value()) || !e.centre_norm) continue;
     if (e.centre_norm->centre.value() < m.centre.value()) m.centre = e.centre_norm->centre;
     if (e.centre_norm->variation.value() < m.variation.value()) m.variation = e.centre_norm->variation;
+    if (e.centre_norm->mean_variation.value() < m.mean_variation.value()) m.mean_variation = e.centre_norm->mean_variation;
   }
   return m;
 }
@@ -522,6 +550,7 @@ MhaPieces MhaPiecesOver(const AttentionLayer& mha, const TokenCover& cover, Norm
   MhaPieces m;
   m.upper = e.upper;
   if (!std::isfinite(e.upper.value()) || e.terms.empty()) return m;
+  if (e.centre_norm) m.mean_variation = e.centre_norm->mean_variation;
   m.centre = e.terms.at(0).value;
   double v = 0;  // the terms after the centre are the variation's
   for (size_t i = 1; i < e.terms.size(); ++i) v = AddUp(v, e.terms[i].value.value());
@@ -580,6 +609,7 @@ PostLnVariationInputs PostLnVariationInputsFor(const AttentionLayer& L, const In
   in.mha_l2_upper = m2.upper;
   in.mha_l2_centre = m2.centre;
   in.mha_l2_variation = m2.variation;
+  in.mha_l2_mean_variation = m2.mean_variation;
   in.mha_upper = mp.upper;
   in.mha_centre = mp.centre;
   in.mha_variation = mp.variation;
@@ -604,7 +634,8 @@ PostLnVariationInputs PostLnVariationInputsFor(const AttentionLayer& L, const In
     if (p == NormKind::kL2 && !std::isfinite(centre_l2.value())) AddRowsCentre(L, set.center, jm, threads, deadline, &in);
     // MHA's variation where its pieces have none, then the heads' before Wo.
     if (!std::isfinite(in.mha_l2_variation.value()))
-      in.mha_l2_variation = VariationOf(mha, cover, NormKind::kL2, threads, ShareOf(deadline, 0.3), deadline);
+      in.mha_l2_variation = VariationOf(mha, cover, NormKind::kL2, threads, ShareOf(deadline, 0.3), deadline, nullptr,
+                                        &in.mha_l2_mean_variation);
     if (p == NormKind::kL2) {
       in.mha_variation = in.mha_l2_variation;
     } else {

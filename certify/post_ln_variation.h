@@ -54,6 +54,11 @@ struct PostLnVariationInputs {
   UpperBound mha_l2_upper{kInf};    // >= sup_S ||J_M(X)||_2 (sizes the cover of Y whatever p is)
   UpperBound mha_l2_centre{kInf};   // >= ||J_M(X0)||_2 (with the next, a second bound on the one above)
   UpperBound mha_l2_variation{kInf};  // >= sup_S ||J_M(X) - J_M(X0)||_2
+  // >= sup_S int_0^1 ||J_M(X_s) - J_M(X0)||_2 ds, X_s = X0 + s (X - X0) (the second order's
+  // mean along the segment, CentredVariation::mean_variation): M_i(X) - M_i(X0) =
+  // int_0^1 J_{M,i}(X_s) (X - X0) ds, so the cover of Y moves token i by at most
+  // (||J_{M,i}(X0)||_2 + this) ||X - X0||_F. +inf: not known.
+  UpperBound mha_l2_mean_variation{kInf};
   // Optional (empty: not known): row_centre_l2(i) >= ||J_{M,i}(X0)||_2, token i's row block
   // (D x ND); then ||M_i(X) - M_i(X0)|| <= (row_centre_l2(i) + V_2) ||X - X0||_F as well.
   Eigen::VectorXd mha_row_centre_l2;
@@ -61,6 +66,9 @@ struct PostLnVariationInputs {
   // i's own variation (each at most V_2); then the cover of Y moves token i by
   // (row_centre_l2(i) + row_variation_l2(i)) ||X - X0||_F.
   Eigen::VectorXd mha_row_variation_l2;
+  // Optional (empty: not known): row_mean_variation_l2(i) >= sup_S int_0^1 ||J_{M,i}(X_s) - J_{M,i}(X0)||_2 ds,
+  // token i's own mean along the segment (from the weighted mean, as the row above).
+  Eigen::VectorXd mha_row_mean_variation_l2;
   // >= sup_S ||diag(w) (J_H(X) - J_H(X0))||_p, H the heads before Wo (MHA with Wo = I and no
   // output bias; only where Wo is D x D), w = heads_row_weights (output token i's rows times
   // w_i >= 0; empty: all 1). The term is then max_i ||D_i(yc_i) Wo||_p / w_i times it.
@@ -154,6 +162,7 @@ PostLnCentreInfBounds PostLnCentreInfNormBounds(const AttentionLayer& layer, con
 // the sum of its variation terms (+inf where that engine did not give a finite bound).
 struct MhaPieces {
   UpperBound upper{kInf}, centre{kInf}, variation{kInf};
+  UpperBound mean_variation{kInf};  // CentreNormTerms::mean_variation
 };
 // From MHA's certificate (the pipeline's run on MHA alone).
 MhaPieces MhaPiecesOf(const Certificate& mha_certificate);
