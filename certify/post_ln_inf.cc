@@ -24,12 +24,14 @@ PostLnCentreInfBounds TimedOut(PostLnCentreInfBounds out) {
 
 // >= ||A_i||_inf for each token i's D rows of the enclosure (the largest upper row sum).
 Eigen::VectorXd RowBlockInfNormsUp(const IntervalMatrix& a, int n, int d) {
+  // Vectorised, in round to nearest: each term |m| + r carries one rounding, and a floating
+  // sum of the row's nonnegative terms is within gamma_{cols+1} plus cols eta of the exact one.
+  const double one_minus_gamma = SubDown(1.0, GammaUp(double(a.cols()) + 1));
+  const double sum_eta = MulUp(double(a.cols()) + 1, kEta);
+  const Eigen::VectorXd hi = (a.mid.array().abs() + a.rad.array()).rowwise().sum();
   Eigen::VectorXd out = Eigen::VectorXd::Zero(n);
-  for (Eigen::Index r = 0; r < a.rows(); ++r) {
-    double sum = 0;
-    for (Eigen::Index c = 0; c < a.cols(); ++c) sum = AddUp(sum, AddUp(std::fabs(a.mid(r, c)), a.rad(r, c)));
-    out(r / d) = std::max(out(r / d), sum);
-  }
+  for (Eigen::Index r = 0; r < a.rows(); ++r)
+    out(r / d) = std::max(out(r / d), AddUp(DivUp(hi(r), one_minus_gamma), sum_eta));
   return out;
 }
 
@@ -41,9 +43,9 @@ PostLnCentreInfBounds PostLnCentreInfFrom(const AttentionLayer& L, const Eigen::
   const int n = int(x0.rows()), d = int(x0.cols());
   const auto passed = [&] { return std::chrono::steady_clock::now() > deadline; };
   if (passed()) return TimedOut(out);
-  const double jm_inf = NormInfUpper(jm).value();
-  out.mha_upper = UpperBound(jm_inf);
   out.mha_rows = RowBlockInfNormsUp(jm, n, d);
+  const double jm_inf = out.mha_rows.maxCoeff();  // ||J_M(X0)||_inf: the largest row sum
+  out.mha_upper = UpperBound(jm_inf);
   for (Eigen::Index i = 0; i < jm.rows(); ++i) {  // + I, the rounding of mid + 1 into the radius
     const Interval e = Interval(jm.mid(i, i)) + Interval(1.0);
     const double mid = 0.5 * e.lo + 0.5 * e.hi;
@@ -62,6 +64,8 @@ PostLnCentreInfBounds PostLnCentreInfFrom(const AttentionLayer& L, const Eigen::
   const double moved = MulUp(MulUp(SqrtUp(double(d)), f.delta_ln.maxCoeff()), AddUp(1.0, jm_inf));
   // Row sums of D_i(yc_i) (I + J_M(X0))_i, token by token (D x ND products, tokens in
   // parallel), from both sides.
+  const double one_minus_gamma = SubDown(1.0, GammaUp(double(jm.cols()) + 1));
+  const double sum_eta = MulUp(double(jm.cols()) + 1, kEta);
   std::vector<double> ups(size_t(n), 0.0), downs(size_t(n), 0.0);
   std::vector<int> rows(size_t(n), -1);
   std::atomic<bool> late{false};
@@ -74,15 +78,15 @@ PostLnCentreInfBounds PostLnCentreInfFrom(const AttentionLayer& L, const Eigen::
     // Row a of D_i(yc_i) A_i is g_a times row a of the projection's product: its sums scale by |g_a|.
     std::vector<Interval> gain;
     const IntervalMatrix p = LayerNormProjectionTimes(*L.post_layer_norm, y_cover.center.row(i), block, &gain);
+    // Vectorised, in round to nearest as CentreJacobianInfNormBounds: each term |m| + r and
+    // max(0, |m| - r) carries one rounding, and a floating sum of nd nonnegative terms is
+    // within gamma_{nd+1} (relative, the terms' rounding included) plus nd eta of the exact one.
+    const Eigen::VectorXd hi = (p.mid.array().abs() + p.rad.array()).rowwise().sum();
+    const Eigen::VectorXd lo = (p.mid.array().abs() - p.rad.array()).max(0.0).rowwise().sum();
     for (int a = 0; a < d; ++a) {
-      double up = 0, down = 0;
-      for (Eigen::Index c = 0; c < p.cols(); ++c) {
-        const double m = std::fabs(p.mid(a, c)), r = p.rad(a, c);
-        up = AddUp(up, AddUp(m, r));
-        down = AddDown(down, std::max(0.0, SubDown(m, r)));
-      }
-      up = MulUp(gain[size_t(a)].Mag(), up);
-      down = MulDown(gain[size_t(a)].Mig(), down);
+      const double up = MulUp(gain[size_t(a)].Mag(), AddUp(DivUp(hi(a), one_minus_gamma), sum_eta));
+      const double down =
+          MulDown(gain[size_t(a)].Mig(), std::max(0.0, SubDown(MulDown(lo(a), one_minus_gamma), sum_eta)));
       ups[size_t(i)] = std::max(ups[size_t(i)], up);
       if (down > downs[size_t(i)]) downs[size_t(i)] = down, rows[size_t(i)] = i * d + a;
     }

@@ -162,7 +162,7 @@ PostLnCentreInfBounds PostLnCentreInfNormBounds(const AttentionLayer& layer, con
 // the sum of its variation terms (+inf where that engine did not give a finite bound).
 struct MhaPieces {
   UpperBound upper{kInf}, centre{kInf}, variation{kInf};
-  UpperBound mean_variation{kInf};  // CentreNormTerms::mean_variation
+  UpperBound mean_variation{kInf};  // CentreNormTerms::mean_variation (the cover takes the norm-2 pieces')
 };
 // From MHA's certificate (the pipeline's run on MHA alone).
 MhaPieces MhaPiecesOf(const Certificate& mha_certificate);
