@@ -22,16 +22,34 @@ PostLnCentreInfBounds TimedOut(PostLnCentreInfBounds out) {
   return out;
 }
 
-// >= ||A_i||_inf for each token i's D rows of the enclosure (the largest upper row sum).
-Eigen::VectorXd RowBlockInfNormsUp(const IntervalMatrix& a, int n, int d) {
-  // Vectorised, in round to nearest: each term |m| + r carries one rounding, and a floating
-  // sum of the row's nonnegative terms is within gamma_{cols+1} plus cols eta of the exact one.
+// The absolute row sums of an enclosure from both sides: row r of every matrix in `a` has
+// down(r) <= sum_c |A_rc| <= up(r). Vectorised, in round to nearest as
+// CentreJacobianInfNormBounds: each term |m| + r and max(0, |m| - r) carries one rounding, and
+// a floating sum of the row's nonnegative terms is within gamma_{cols+1} (relative, the terms'
+// rounding included) plus cols eta of the exact one. Without with_down, `down` is empty.
+struct RowSums {
+  Eigen::VectorXd up, down;
+};
+RowSums AbsRowSums(const IntervalMatrix& a, bool with_down) {
   const double one_minus_gamma = SubDown(1.0, GammaUp(double(a.cols()) + 1));
   const double sum_eta = MulUp(double(a.cols()) + 1, kEta);
   const Eigen::VectorXd hi = (a.mid.array().abs() + a.rad.array()).rowwise().sum();
-  Eigen::VectorXd out = Eigen::VectorXd::Zero(n);
+  RowSums out;
+  out.up.resize(a.rows());
+  for (Eigen::Index r = 0; r < a.rows(); ++r) out.up(r) = AddUp(DivUp(hi(r), one_minus_gamma), sum_eta);
+  if (!with_down) return out;
+  const Eigen::VectorXd lo = (a.mid.array().abs() - a.rad.array()).max(0.0).rowwise().sum();
+  out.down.resize(a.rows());
   for (Eigen::Index r = 0; r < a.rows(); ++r)
-    out(r / d) = std::max(out(r / d), AddUp(DivUp(hi(r), one_minus_gamma), sum_eta));
+    out.down(r) = std::max(0.0, SubDown(MulDown(lo(r), one_minus_gamma), sum_eta));
+  return out;
+}
+
+// >= ||A_i||_inf for each token i's D rows of the enclosure (the largest upper row sum).
+Eigen::VectorXd RowBlockInfNormsUp(const IntervalMatrix& a, int n, int d) {
+  const Eigen::VectorXd up = AbsRowSums(a, false).up;
+  Eigen::VectorXd out = Eigen::VectorXd::Zero(n);
+  for (Eigen::Index r = 0; r < a.rows(); ++r) out(r / d) = std::max(out(r / d), up(r));
   return out;
 }
 
@@ -64,8 +82,6 @@ PostLnCentreInfBounds PostLnCentreInfFrom(const AttentionLayer& L, const Eigen::
   const double moved = MulUp(MulUp(SqrtUp(double(d)), f.delta_ln.maxCoeff()), AddUp(1.0, jm_inf));
   // Row sums of D_i(yc_i) (I + J_M(X0))_i, token by token (D x ND products, tokens in
   // parallel), from both sides.
-  const double one_minus_gamma = SubDown(1.0, GammaUp(double(jm.cols()) + 1));
-  const double sum_eta = MulUp(double(jm.cols()) + 1, kEta);
   std::vector<double> ups(size_t(n), 0.0), downs(size_t(n), 0.0);
   std::vector<int> rows(size_t(n), -1);
   std::atomic<bool> late{false};
@@ -78,15 +94,10 @@ PostLnCentreInfBounds PostLnCentreInfFrom(const AttentionLayer& L, const Eigen::
     // Row a of D_i(yc_i) A_i is g_a times row a of the projection's product: its sums scale by |g_a|.
     std::vector<Interval> gain;
     const IntervalMatrix p = LayerNormProjectionTimes(*L.post_layer_norm, y_cover.center.row(i), block, &gain);
-    // Vectorised, in round to nearest as CentreJacobianInfNormBounds: each term |m| + r and
-    // max(0, |m| - r) carries one rounding, and a floating sum of nd nonnegative terms is
-    // within gamma_{nd+1} (relative, the terms' rounding included) plus nd eta of the exact one.
-    const Eigen::VectorXd hi = (p.mid.array().abs() + p.rad.array()).rowwise().sum();
-    const Eigen::VectorXd lo = (p.mid.array().abs() - p.rad.array()).max(0.0).rowwise().sum();
+    const RowSums sums = AbsRowSums(p, true);
     for (int a = 0; a < d; ++a) {
-      const double up = MulUp(gain[size_t(a)].Mag(), AddUp(DivUp(hi(a), one_minus_gamma), sum_eta));
-      const double down =
-          MulDown(gain[size_t(a)].Mig(), std::max(0.0, SubDown(MulDown(lo(a), one_minus_gamma), sum_eta)));
+      const double up = MulUp(gain[size_t(a)].Mag(), sums.up(a));
+      const double down = MulDown(gain[size_t(a)].Mig(), sums.down(a));
       ups[size_t(i)] = std::max(ups[size_t(i)], up);
       if (down > downs[size_t(i)]) downs[size_t(i)] = down, rows[size_t(i)] = i * d + a;
     }

@@ -100,6 +100,17 @@ double JacobianMotionMp(const AttentionLayer& L, const Eigen::MatrixXd& x, const
   return Eigen::JacobiSVD<Eigen::MatrixXd>(d).singularValues()(0);
 }
 
+// A random case on MHA alone (no LayerNorm) with sharp softmax rows: query and key weights
+// scaled by up to 4 (l2: wk == wq, both scaled).
+Case SharpMhaCase(std::mt19937_64& rng) {
+  Case c = RandomCase(rng);
+  c.layer.layer_norm.reset();
+  const double sharp = 1.0 + 3.0 * std::uniform_real_distribution<double>(0.0, 1.0)(rng);
+  c.layer.wq *= sharp;
+  c.layer.wk *= sharp;
+  return c;
+}
+
 // The second-order variation candidate (radius x sup ||D^2 f||, norm 2, dot and l2 layers)
 // stays above ||J(X) - J(X0)|| in MPFR at points of the set, sharp softmax rows included
 // (query and key weights scaled up to 4x), and it wins over the block bounds on some cases.
@@ -109,11 +120,7 @@ TEST(CentredEngineTest, SecondOrderVariationDominatesTheJacobianMotion) {
   const int cases = int(80 * TestScale());
   int points = 0, won = 0, within_10x = 0, dot = 0, l2 = 0;
   for (int t = 0; t < cases; ++t) {
-    Case c = RandomCase(rng);
-    c.layer.layer_norm.reset();
-    const double sharp = 1.0 + 3.0 * std::uniform_real_distribution<double>(0.0, 1.0)(rng);
-    c.layer.wq *= sharp;
-    c.layer.wk *= sharp;  // (l2: wk == wq)
+    const Case c = SharpMhaCase(rng);
     (c.layer.kind == AttentionKind::kDot ? dot : l2) += 1;
     const CentredVariation v = CentredVariationBound(c.layer, CoverOf(c.set), BoundOptions{});
     ASSERT_TRUE(v.complete);
@@ -167,11 +174,7 @@ TEST(CentredEngineTest, MeanVariationBoundsTheJacobianMotionAlongTheSegment) {
   const int cases = int(30 * TestScale());
   int points = 0, second_won = 0, single_node = 0;
   for (int t = 0; t < cases; ++t) {
-    Case c = RandomCase(rng);
-    c.layer.layer_norm.reset();
-    const double sharp = 1.0 + 3.0 * std::uniform_real_distribution<double>(0.0, 1.0)(rng);
-    c.layer.wq *= sharp;
-    c.layer.wk *= sharp;
+    const Case c = SharpMhaCase(rng);
     const CentredVariation v = CentredVariationBound(c.layer, CoverOf(c.set), BoundOptions{});
     ASSERT_TRUE(v.complete);
     const double mean = v.mean_variation.value();
