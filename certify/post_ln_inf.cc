@@ -33,12 +33,12 @@ struct RowSums {
 RowSums AbsRowSums(const IntervalMatrix& a, bool with_down) {
   const double one_minus_gamma = SubDown(1.0, GammaUp(double(a.cols()) + 1));
   const double sum_eta = MulUp(double(a.cols()) + 1, kEta);
-  const Eigen::VectorXd hi = (a.mid.array().abs() + a.rad.array()).rowwise().sum();
+  Eigen::VectorXd hi = Eigen::VectorXd::Zero(a.rows()), lo = Eigen::VectorXd::Zero(with_down ? a.rows() : 0);
+  AddAbsRowSums(a.mid, a.rad, hi, with_down ? &lo : nullptr);
   RowSums out;
   out.up.resize(a.rows());
   for (Eigen::Index r = 0; r < a.rows(); ++r) out.up(r) = AddUp(DivUp(hi(r), one_minus_gamma), sum_eta);
   if (!with_down) return out;
-  const Eigen::VectorXd lo = (a.mid.array().abs() - a.rad.array()).max(0.0).rowwise().sum();
   out.down.resize(a.rows());
   for (Eigen::Index r = 0; r < a.rows(); ++r)
     out.down(r) = std::max(0.0, SubDown(MulDown(lo(r), one_minus_gamma), sum_eta));

@@ -26,10 +26,16 @@ double MaxAbsSumUp(const Eigen::MatrixXd& m, const Eigen::MatrixXd* r, bool by_r
   const Eigen::Index inner = by_rows ? m.cols() : m.rows();
   Eigen::VectorXd sums;
   if (r) {
-    if (by_rows) sums = (m.array().abs() + r->array()).rowwise().sum();
+    if (by_rows) {
+      sums = Eigen::VectorXd::Zero(m.rows());
+      AddAbsRowSums(m, *r, sums);
+    }
     else sums = (m.array().abs() + r->array()).colwise().sum().transpose();
   } else {
-    if (by_rows) sums = m.array().abs().rowwise().sum();
+    if (by_rows) {  // column by column, contiguous (as AddAbsRowSums)
+      sums = Eigen::VectorXd::Zero(m.rows());
+      for (Eigen::Index c = 0; c < m.cols(); ++c) sums.array() += m.col(c).array().abs();
+    }
     else sums = m.array().abs().colwise().sum().transpose();
   }
   const double shrink = SubDown(1.0, GammaUp(double(inner) + 1));
@@ -40,6 +46,20 @@ double MaxAbsSumUp(const Eigen::MatrixXd& m, const Eigen::MatrixXd* r, bool by_r
   }
   return best;
 }
+
+}  // namespace
+
+void AddAbsRowSums(const Eigen::Ref<const Eigen::MatrixXd>& mid, const Eigen::Ref<const Eigen::MatrixXd>& rad,
+                   Eigen::Ref<Eigen::VectorXd> hi, Eigen::VectorXd* lo) {
+  if (rad.rows() != mid.rows() || rad.cols() != mid.cols() || hi.size() != mid.rows() || (lo && lo->size() != mid.rows()))
+    Die("AddAbsRowSums: shapes differ");
+  for (Eigen::Index c = 0; c < mid.cols(); ++c) {
+    hi.array() += mid.col(c).array().abs() + rad.col(c).array();
+    if (lo) lo->array() += (mid.col(c).array().abs() - rad.col(c).array()).max(0.0);
+  }
+}
+
+namespace {
 
 double FrobeniusSquaredUp(const Eigen::MatrixXd& m, const Eigen::MatrixXd* r) {
   const ScopedSoundFpEnvironment fp_guard;  // docs/rounding-model.md, run-time environment

@@ -18,6 +18,14 @@ UpperBound NormInfUpper(const IntervalMatrix& a);      // sup over the enclosure
 UpperBound Norm1Upper(const IntervalMatrix& a);
 UpperBound NormFrobeniusUpper(const Eigen::MatrixXd& a);
 UpperBound NormFrobeniusUpper(const IntervalMatrix& a);
+// Adds fl(|mid_rc| + rad_rc) to hi(r) and, where lo is non-null, fl(max(0, |mid_rc| - rad_rc))
+// to (*lo)(r), column by column in round to nearest (vectorised along the contiguous columns of
+// column-major storage; a row-wise reduction would stride). Each term carries one rounding and
+// each addition one more: once a row has summed T terms in all, its exact sum of |mid| + rad
+// is at most hi(r) / (1 - gamma_{T+1}) + (T + 1) eta, and of max(0, |mid| - rad) at least
+// lo(r) (1 - gamma_{T+1}) - (T + 1) eta. The caller runs in round to nearest.
+void AddAbsRowSums(const Eigen::Ref<const Eigen::MatrixXd>& mid, const Eigen::Ref<const Eigen::MatrixXd>& rad,
+                   Eigen::Ref<Eigen::VectorXd> hi, Eigen::VectorXd* lo = nullptr);
 
 // ---- l2 --------------------------------------------------------------------------------
 // sqrt(||a||_1 ||a||_inf), and the Frobenius norm: the smaller of the two (cheap, crude).

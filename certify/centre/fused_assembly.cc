@@ -26,8 +26,8 @@ struct FusedColumn {
   const double *g_mid, *g_a_abs, *g_a_rad;  // per head (column c)
 };
 
-typedef double Lanes __attribute__((vector_size(64)));
-typedef long LaneBits __attribute__((vector_size(64)));
+typedef double Lanes __attribute__((vector_size(32)));
+typedef long LaneBits __attribute__((vector_size(32)));
 constexpr int kLanes = int(sizeof(Lanes) / sizeof(double));
 
 inline Lanes LoadLanes(const double* p) {
@@ -40,30 +40,39 @@ inline Lanes AbsLanes(Lanes v) {
   return (Lanes)((LaneBits)v & magnitude);
 }
 
+// One vector of rows of the sums below for head h: m += pm w + gm x, q += the radius terms.
+struct HeadScalars {
+  double pm, pw, pa, gm, ga, gr;
+};
+__attribute__((always_inline)) inline void AccumulateLanes(const HeadScalars& s, const double* wm, const double* wr,
+                                                           const double* xm, const double* xr, Lanes& m, Lanes& q) {
+  const Lanes w = LoadLanes(wm), x = LoadLanes(xm);
+  m = m + s.pm * w + s.gm * x;
+  q = q + s.pw * LoadLanes(wr) + s.pa * AbsLanes(w) + s.ga * AbsLanes(x) + s.gr * LoadLanes(xr);
+}
+
 void FusedColumnInto(const FusedColumn& f, const FinishConstants& fc, double* out_mid, double* out_rad) {
-  constexpr int kVectors = 2;  // 2 x 8 rows per chunk
+  // 4 vectors of rows per chunk, their sums in named registers (an array of accumulators
+  // was kept on the stack, loaded and stored at every step).
+  constexpr int kChunk = 4 * kLanes;
   int r = 0;
-  for (; r + kVectors * kLanes <= f.d; r += kVectors * kLanes) {
-    Lanes m[kVectors] = {}, q[kVectors] = {};
+  for (; r + kChunk <= f.d; r += kChunk) {
+    Lanes m0 = {}, m1 = {}, m2 = {}, m3 = {}, q0 = {}, q1 = {}, q2 = {}, q3 = {};
     for (int h = 0; h < f.heads; ++h) {
       const double* wm = f.w_mid + h * f.head_stride + r;
       const double* wr = f.w_rad + h * f.head_stride + r;
       const double* xm = f.a_mid + long(h) * f.d + r;
       const double* xr = f.a_rad + long(h) * f.d + r;
-      const double pm = f.p_mid[h], pw = f.p_w_rad[h], pa = f.p_w_abs[h];
-      const double gm = f.g_mid[h], ga = f.g_a_abs[h], gr = f.g_a_rad[h];
-      for (int v = 0; v < kVectors; ++v) {
-        const Lanes w = LoadLanes(wm + v * kLanes), x = LoadLanes(xm + v * kLanes);
-        m[v] = m[v] + pm * w + gm * x;
-        q[v] = q[v] + pw * LoadLanes(wr + v * kLanes) + pa * AbsLanes(w) + ga * AbsLanes(x) +
-               gr * LoadLanes(xr + v * kLanes);
-      }
+      const HeadScalars s{f.p_mid[h], f.p_w_rad[h], f.p_w_abs[h], f.g_mid[h], f.g_a_abs[h], f.g_a_rad[h]};
+      AccumulateLanes(s, wm, wr, xm, xr, m0, q0);
+      AccumulateLanes(s, wm + kLanes, wr + kLanes, xm + kLanes, xr + kLanes, m1, q1);
+      AccumulateLanes(s, wm + 2 * kLanes, wr + 2 * kLanes, xm + 2 * kLanes, xr + 2 * kLanes, m2, q2);
+      AccumulateLanes(s, wm + 3 * kLanes, wr + 3 * kLanes, xm + 3 * kLanes, xr + 3 * kLanes, m3, q3);
     }
-    for (int v = 0; v < kVectors; ++v) {
-      const Lanes out = (q[v] + fc.e0) * fc.k;
-      std::memcpy(out_mid + r + v * kLanes, &m[v], sizeof m[v]);
-      std::memcpy(out_rad + r + v * kLanes, &out, sizeof out);
-    }
+    const Lanes ms[4] = {m0, m1, m2, m3}, qs[4] = {(q0 + fc.e0) * fc.k, (q1 + fc.e0) * fc.k, (q2 + fc.e0) * fc.k,
+                                                   (q3 + fc.e0) * fc.k};
+    std::memcpy(out_mid + r, ms, sizeof ms);
+    std::memcpy(out_rad + r, qs, sizeof qs);
   }
   for (; r < f.d; ++r) {  // the rows left over: the same sums, one row at a time
     double m = 0, q = 0;

@@ -1,6 +1,8 @@
 // ||J(X0)||_inf certified from both sides, streamed in token tiles from the same enclosure.
 #include "certify/centre/internal.h"
 #include "certify/time_model.h"
+#include "interval/norms.h"
+#include "interval/parallel.h"
 
 #include <algorithm>
 #include <chrono>
@@ -33,13 +35,16 @@ CentreInfNormBounds CentreJacobianInfNormBounds(const AttentionLayer& L, const E
       const int c1 = std::min(n, c0 + g);
       AssembleBlockInto(S, r0, r1, c0, c1, o.threads, &blk);
       // Vectorised, in round to nearest: each term max(0, |m| - r) and |m| + r carries one
-      // rounding (max keeps the sign, so a negative difference still gives 0).
-      const Eigen::VectorXd lo = (blk.mid.array().abs() - blk.rad.array()).max(0.0).rowwise().sum();
-      const Eigen::VectorXd hi = (blk.mid.array().abs() + blk.rad.array()).rowwise().sum();
-      for (Eigen::Index r = 0; r < blk.mid.rows(); ++r) {
-        lo_sum[size_t(r0) * d + r] += lo(r);
-        hi_sum[size_t(r0) * d + r] += hi(r);
-      }
+      // rounding (max keeps the sign, so a negative difference still gives 0). The tile's
+      // row tokens in parallel: each row's sum is the same whichever worker takes it.
+      ParallelFor(r1 - r0, WorkerCount(o.threads, r1 - r0), [&](int t, int) {
+        Eigen::VectorXd lo = Eigen::VectorXd::Zero(d), hi = Eigen::VectorXd::Zero(d);
+        AddAbsRowSums(blk.mid.middleRows(Eigen::Index(t) * d, d), blk.rad.middleRows(Eigen::Index(t) * d, d), hi, &lo);
+        for (Eigen::Index r = 0; r < d; ++r) {
+          lo_sum[size_t(r0 + t) * d + r] += lo(r);
+          hi_sum[size_t(r0 + t) * d + r] += hi(r);
+        }
+      });
     }
   }
   if (!out.timed_out) {
