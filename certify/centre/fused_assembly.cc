@@ -26,8 +26,15 @@ struct FusedColumn {
   const double *g_mid, *g_a_abs, *g_a_rad;  // per head (column c)
 };
 
-typedef double Lanes __attribute__((vector_size(32)));
-typedef long LaneBits __attribute__((vector_size(32)));
+// The machine's vector width (the build is -march=native): wider generic vectors than the
+// registers are split by the compiler and their accumulators spilled.
+#ifdef __AVX512F__
+constexpr int kVectorBytes = 64;
+#else
+constexpr int kVectorBytes = 32;
+#endif
+typedef double Lanes __attribute__((vector_size(kVectorBytes)));
+typedef long LaneBits __attribute__((vector_size(kVectorBytes)));
 constexpr int kLanes = int(sizeof(Lanes) / sizeof(double));
 
 inline Lanes LoadLanes(const double* p) {
