@@ -486,8 +486,9 @@ CentredVariation CentredVariationBound(const AttentionLayer& L, const TokenCover
     second_mean = MulUp(ell_max, integrals.mean);
   }
   NameVariation(first, second, second_order, ell_max, p, &v);
-  // A first-order route bounds the motion at every point of the segment by the whole.
-  v.mean_variation = v.variation.value() == second ? UpperBound(std::min(second_mean, second)) : v.variation;
+  // Both the second order's node mean and the winning route's whole (which bounds the motion
+  // at every point of the segment) bound the mean; the second order holds where it lost too.
+  v.mean_variation = UpperBound(std::min(second_mean, v.variation.value()));
   if (p == NormKind::kLinf) v.row_variation = RowVariationUp(summed, in, n, v.variation.value());
   v.complete = true;
   return v;

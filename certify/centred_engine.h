@@ -42,8 +42,9 @@ struct CentredVariation {
   UpperBound variation{kInf};
   // >= sup over the cover of the mean along the segment, int_0^1 ||J_M(z_s) - J_M(zc)|| ds with
   // z_s = zc + s (z - zc) (LayerNorm factors included as in `variation`): where the second order
-  // won, its nodes weighted by the integral of (1 - s) over their intervals (about half of
-  // `variation`); else `variation` itself. For MHA alone it bounds a token's displacement:
+  // ran, its nodes weighted by the integral of (1 - s) over their intervals (about half of its
+  // own bound, which holds where a first-order route won too), at most `variation`. For MHA
+  // alone it bounds a token's displacement:
   // ||M_i(z) - M_i(zc)|| <= (||J_{M,i}(zc)|| + mean_variation) ||z - zc||.
   UpperBound mean_variation{kInf};
   const char* route = "";                 // which of the candidate bounds won

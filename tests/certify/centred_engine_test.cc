@@ -172,7 +172,7 @@ TEST(CentredEngineTest, MeanVariationBoundsTheJacobianMotionAlongTheSegment) {
   mpfr::mpreal::set_default_prec(256);
   std::mt19937_64 rng(89);
   const int cases = int(30 * TestScale());
-  int points = 0, second_won = 0, single_node = 0;
+  int points = 0, second_won = 0, single_node = 0, first_won_below = 0;
   for (int t = 0; t < cases; ++t) {
     const Case c = SharpMhaCase(rng);
     const CentredVariation v = CentredVariationBound(c.layer, CoverOf(c.set), BoundOptions{});
@@ -183,8 +183,8 @@ TEST(CentredEngineTest, MeanVariationBoundsTheJacobianMotionAlongTheSegment) {
     if (second) {
       EXPECT_LT(mean, v.variation.value()) << "case " << t;
       ++second_won;
-    } else {
-      EXPECT_EQ(mean, v.variation.value()) << "case " << t;
+    } else if (mean < v.variation.value()) {
+      ++first_won_below;  // a first-order route won, and the second order's node mean is below it
     }
     // With no time to refine (refine_until passed) the second order has the node s = 1 alone,
     // whose mean is half of it.
@@ -207,7 +207,10 @@ TEST(CentredEngineTest, MeanVariationBoundsTheJacobianMotionAlongTheSegment) {
   }
   EXPECT_EQ(points, 3 * cases);
   EXPECT_GT(second_won, 0);
+  EXPECT_GT(first_won_below, 0);
   EXPECT_GT(single_node, 0);
+  std::printf("[ counts   ] second order won %d, first order won with a smaller mean %d, of %d\n", second_won,
+              first_won_below, cases);
 }
 
 // Given a bound in hand that its variation alone reaches, the centre_norm engine gives up
