@@ -72,8 +72,7 @@ PostLnCentreInfBounds PostLnCentreInfFrom(const AttentionLayer& L, const Eigen::
   }
   // Y0 within balls of radius err_i around yc_i; D_i(yc_i) enclosed, and
   // sup ||D_i(y) - D_i(yc_i)||_inf <= sqrt(D) sup ||D_i(y) - D_i(yc_i)||_2 over each ball.
-  const TokenCover y_cover = PostLnYCover(L, TokenCover{x0, Eigen::VectorXd::Zero(n), UpperBound(0), {}},
-                                          Eigen::VectorXd::Zero(n));
+  const TokenCover y_cover = PostLnYCoverAtPoint(L, x0);
   if (!y_cover.center.allFinite()) {
     out.note = "no finite enclosure of Y0";
     return out;
@@ -169,8 +168,7 @@ void AddLayerNormMhaRowsInf(const AttentionLayer& L, const TokenCover& cover, in
                             std::chrono::steady_clock::time_point deadline, PostLnVariationInputs* in) {
   const Eigen::Index n = cover.center.rows();
   if (in->mha_row_variation_inf.size() != n || !std::isfinite(in->heads_variation.value())) return;
-  const TokenCover yc = PostLnYCover(L, TokenCover{cover.center, Eigen::VectorXd::Zero(n), UpperBound(0), {}},
-                                     Eigen::VectorXd::Zero(n));
+  const TokenCover yc = PostLnYCoverAtPoint(L, cover.center);
   if (!yc.center.allFinite()) return;
   const MhaInput f = PostLnFactorsOver(L, yc, NormKind::kLinf);
   Eigen::VectorXd current(n);

@@ -472,8 +472,7 @@ Eigen::VectorXd LayerNormRowWeights(const AttentionLayer& L, const TokenCover& c
 // empty where Y0 has no finite enclosure or every factor is 0.
 Eigen::VectorXd HeadsRowWeights(const AttentionLayer& L, const Eigen::MatrixXd& x0) {
   const Eigen::Index n = x0.rows();
-  const TokenCover yc =
-      PostLnYCover(L, TokenCover{x0, Eigen::VectorXd::Zero(n), UpperBound(0), {}}, Eigen::VectorXd::Zero(n));
+  const TokenCover yc = PostLnYCoverAtPoint(L, x0);
   if (!yc.center.allFinite()) return {};
   Eigen::VectorXd w = LayerNormWoNormsUp(L, PostLnFactorsOver(L, yc, NormKind::kL2).ln_jac, NormKind::kL2);
   const double top = w.maxCoeff();
@@ -519,7 +518,7 @@ void AddRowsCentre(const AttentionLayer& L, const Eigen::MatrixXd& x0, const Int
                    std::chrono::steady_clock::time_point deadline, PostLnVariationInputs* in) {
   const Eigen::Index n = x0.rows();
   if (jm.rows() != x0.size()) return;
-  const TokenCover yc = PostLnYCover(L, TokenCover{x0, Eigen::VectorXd::Zero(n), UpperBound(0), {}}, Eigen::VectorXd::Zero(n));
+  const TokenCover yc = PostLnYCoverAtPoint(L, x0);
   if (!yc.center.allFinite()) return;
   const int k = int(n);
   in->rows_centre = LayerNormRowSplitCentreUp(PostLnFactorsOver(L, yc, NormKind::kL2).ln_jac, jm, in->mha_row_centre_l2,

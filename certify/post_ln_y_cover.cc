@@ -89,4 +89,9 @@ TokenCover PostLnYCover(const AttentionLayer& L, const TokenCover& cover, const 
   return yc;
 }
 
+TokenCover PostLnYCoverAtPoint(const AttentionLayer& L, const Eigen::MatrixXd& x0) {
+  const Eigen::Index n = x0.rows();
+  return PostLnYCover(L, TokenCover{x0, Eigen::VectorXd::Zero(n), UpperBound(0), {}}, Eigen::VectorXd::Zero(n));
+}
+
 }  // namespace lipcert

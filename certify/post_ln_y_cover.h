@@ -26,6 +26,10 @@ namespace lipcert {
 TokenCover PostLnYCover(const AttentionLayer& layer, const TokenCover& cover, const Eigen::VectorXd& displacement,
                         ExpBackend exp_backend = DefaultExpBackend(), UpperBound moved_frobenius = UpperBound(kInf));
 
+// The cover of Y at the point X0 (radius 0, no displacement): the enclosure of Y0 = X0 + MHA(X0),
+// the Y centre every cover of Y over a set around X0 shares.
+TokenCover PostLnYCoverAtPoint(const AttentionLayer& layer, const Eigen::MatrixXd& x0);
+
 // The post-LN's LayerNorm factors over a cover of Y: the pre-LN machinery (MhaInputOver) on a
 // layer whose pre-LN carries the post-LN's parameters. ell: sup ||J_LN||_p per token; ln_jac:
 // J_LN at the cover's centres; delta_ln: sup ||J_LN(y) - J_LN(yc)||_2 over each ball.

@@ -301,5 +301,43 @@ TEST(NormsTest, AbsoluteSumsBoundTheMpfrSumsOnWideMatrices) {
   EXPECT_GT(sums, 20 * n);
 }
 
+// AddAbsRowSums, taken in two column chunks into the same sums, against 256-bit sums of
+// |m| + r and max(0, |m| - r): within its stated bounds after gamma_{T+1} and (T + 1) eta, and
+// within a few roundings per term of them.
+TEST(NormsTest, AbsoluteRowSumsByColumnsBracketTheMpfrSums) {
+  testing::AdversarialDoubles g(71);
+  const long n = testing::Count(60);
+  long rows_checked = 0;
+  for (long t = 0; t < n; ++t) {
+    const Eigen::Index rows = 1 + g.Bits() % 40, cols = 2 + g.Bits() % 400, split = 1 + g.Bits() % (cols - 1);
+    Eigen::MatrixXd m(rows, cols), r(rows, cols);
+    for (Eigen::Index i = 0; i < rows; ++i)
+      for (Eigen::Index j = 0; j < cols; ++j) {
+        double x = g.Next();
+        if (!(std::fabs(x) < 1e290)) x = g.Uniform(-1, 1);  // no overflow in the sums
+        m(i, j) = x;
+        r(i, j) = g.Bits() % 2 ? 0.0 : std::fabs(x) * g.Uniform(0, 2);  // some terms cross zero
+      }
+    Eigen::VectorXd hi = Eigen::VectorXd::Zero(rows), lo = Eigen::VectorXd::Zero(rows);
+    AddAbsRowSums(m.leftCols(split), r.leftCols(split), hi, &lo);
+    AddAbsRowSums(m.rightCols(cols - split), r.rightCols(cols - split), hi, &lo);
+    const double shrink = SubDown(1.0, GammaUp(double(cols) + 1)), eta = MulUp(double(cols) + 1, kEta);
+    mpfr::mpreal::set_default_prec(256);
+    for (Eigen::Index i = 0; i < rows; ++i) {
+      mpreal up = 0, down = 0;
+      for (Eigen::Index j = 0; j < cols; ++j) {
+        up += mpfr::abs(mpreal(m(i, j))) + mpreal(r(i, j));
+        down += mpfr::max(mpreal(0), mpfr::abs(mpreal(m(i, j))) - mpreal(r(i, j)));
+      }
+      ASSERT_GE(mpreal(AddUp(DivUp(hi(i), shrink), eta)), up) << "t=" << t << " row " << i;
+      ASSERT_LE(mpreal(SubDown(MulDown(lo(i), shrink), eta)), down) << "t=" << t << " row " << i;
+      ASSERT_LE(mpreal(hi(i)), up * (1 + 3e-16 * double(cols + 4)) + 1e-300) << "t=" << t << " row " << i;
+      ASSERT_GE(mpreal(lo(i)), down * (1 - 3e-16 * double(cols + 4)) - 1e-300) << "t=" << t << " row " << i;
+      ++rows_checked;
+    }
+  }
+  EXPECT_GE(rows_checked, n);
+}
+
 }  // namespace
 }  // namespace lipcert
