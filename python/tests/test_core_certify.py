@@ -185,7 +185,17 @@ def test_budgeted_runs_repeat_bit_for_bit_on_any_thread_count(rng):
         lipcert.certify(layer, x0, radius=0.1, budget=(1, 2, 3), progress=False)
 
 
-def test_ctrl_c_returns_a_sound_certificate(zoo, zoo_layer):
+@pytest.fixture
+def ctrl_c():
+    """Python's own SIGINT handler for the test: a shell that starts a job in the background
+    without job control starts it with SIGINT ignored, and Python then installs no handler,
+    so a raised SIGINT would never reach lipcert."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)
+
+
+def test_ctrl_c_returns_a_sound_certificate(zoo, zoo_layer, ctrl_c):
     x0 = lipcert.load_centre(f"{zoo}/dot-layer0-centres.safetensors:x0", zoo_layer)
     timer = threading.Timer(4.0, signal.raise_signal, args=(signal.SIGINT,))
     timer.start()
@@ -225,7 +235,7 @@ def test_sweep_of_a_layer(rng, tmp_path):
     assert again["resumed"] == 2 and again["computed"] == 0
 
 
-def test_ctrl_c_ends_a_search_with_its_witness_so_far(rng):
+def test_ctrl_c_ends_a_search_with_its_witness_so_far(rng, ctrl_c):
     p = random_layer_args(rng, kind="dot", d=8, heads=2, dk=4)
     layer = lipcert.Layer.from_arrays(**p)
     x0 = rng.standard_normal((6, 8))
