@@ -261,6 +261,21 @@ TEST(NormsTest, DegenerateInputs) {
 namespace lipcert {
 namespace {
 
+// A rows x cols enclosure of adversarial midpoints (below 1e290, so that no sum overflows)
+// and radii, half of them 0, the rest up to rad_scale |mid|.
+IntervalMatrix AdversarialEnclosure(testing::AdversarialDoubles& g, Eigen::Index rows, Eigen::Index cols,
+                                    double rad_scale) {
+  Eigen::MatrixXd m(rows, cols), r(rows, cols);
+  for (Eigen::Index i = 0; i < rows; ++i)
+    for (Eigen::Index j = 0; j < cols; ++j) {
+      double x = g.Next();
+      if (!(std::fabs(x) < 1e290)) x = g.Uniform(-1, 1);
+      m(i, j) = x;
+      r(i, j) = g.Bits() % 2 ? 0.0 : std::fabs(x) * g.Uniform(0, rad_scale);
+    }
+  return IntervalMatrix(m, r);
+}
+
 // The row and column sums of |M| + R (NormInfUpper, Norm1Upper: one vectorised floating sum
 // over 1 - gamma_{inner+1}) against 256-bit sums, on wide adversarial matrices.
 TEST(NormsTest, AbsoluteSumsBoundTheMpfrSumsOnWideMatrices) {
@@ -269,15 +284,8 @@ TEST(NormsTest, AbsoluteSumsBoundTheMpfrSumsOnWideMatrices) {
   long sums = 0;
   for (long t = 0; t < n; ++t) {
     const Eigen::Index rows = 1 + g.Bits() % 40, cols = 1 + g.Bits() % 400;
-    Eigen::MatrixXd m(rows, cols), r(rows, cols);
-    for (Eigen::Index i = 0; i < rows; ++i)
-      for (Eigen::Index j = 0; j < cols; ++j) {
-        double x = g.Next();
-        if (!(std::fabs(x) < 1e290)) x = g.Uniform(-1, 1);  // no overflow in the sums
-        m(i, j) = x;
-        r(i, j) = g.Bits() % 2 ? 0.0 : std::fabs(x) * g.Uniform(0, 1e-3);
-      }
-    const IntervalMatrix a(m, r);
+    const IntervalMatrix a = AdversarialEnclosure(g, rows, cols, 1e-3);
+    const Eigen::MatrixXd &m = a.mid, &r = a.rad;
     mpfr::mpreal::set_default_prec(256);
     mpreal row_max = 0, col_max = 0;
     for (Eigen::Index i = 0; i < rows; ++i) {
@@ -310,14 +318,8 @@ TEST(NormsTest, AbsoluteRowSumsByColumnsBracketTheMpfrSums) {
   long rows_checked = 0;
   for (long t = 0; t < n; ++t) {
     const Eigen::Index rows = 1 + g.Bits() % 40, cols = 2 + g.Bits() % 400, split = 1 + g.Bits() % (cols - 1);
-    Eigen::MatrixXd m(rows, cols), r(rows, cols);
-    for (Eigen::Index i = 0; i < rows; ++i)
-      for (Eigen::Index j = 0; j < cols; ++j) {
-        double x = g.Next();
-        if (!(std::fabs(x) < 1e290)) x = g.Uniform(-1, 1);  // no overflow in the sums
-        m(i, j) = x;
-        r(i, j) = g.Bits() % 2 ? 0.0 : std::fabs(x) * g.Uniform(0, 2);  // some terms cross zero
-      }
+    const IntervalMatrix a = AdversarialEnclosure(g, rows, cols, 2);  // some terms cross zero
+    const Eigen::MatrixXd &m = a.mid, &r = a.rad;
     Eigen::VectorXd hi = Eigen::VectorXd::Zero(rows), lo = Eigen::VectorXd::Zero(rows);
     AddAbsRowSums(m.leftCols(split), r.leftCols(split), hi, &lo);
     AddAbsRowSums(m.rightCols(cols - split), r.rightCols(cols - split), hi, &lo);
