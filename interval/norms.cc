@@ -53,6 +53,7 @@ void AddAbsRowSums(const Eigen::Ref<const Eigen::MatrixXd>& mid, const Eigen::Re
                    Eigen::Ref<Eigen::VectorXd> hi, Eigen::VectorXd* lo) {
   if (rad.rows() != mid.rows() || rad.cols() != mid.cols() || hi.size() != mid.rows() || (lo && lo->size() != mid.rows()))
     Die("AddAbsRowSums: shapes differ");
+  const ScopedSoundFpEnvironment fp_guard;  // round to nearest, as the bound assumes
   for (Eigen::Index c = 0; c < mid.cols(); ++c) {
     hi.array() += mid.col(c).array().abs() + rad.col(c).array();
     if (lo) lo->array() += (mid.col(c).array().abs() - rad.col(c).array()).max(0.0);

@@ -23,7 +23,7 @@ UpperBound NormFrobeniusUpper(const IntervalMatrix& a);
 // column-major storage; a row-wise reduction would stride). Each term carries one rounding and
 // each addition one more: once a row has summed T terms in all, its exact sum of |mid| + rad
 // is at most hi(r) / (1 - gamma_{T+1}) + (T + 1) eta, and of max(0, |mid| - rad) at least
-// lo(r) (1 - gamma_{T+1}) - (T + 1) eta. The caller runs in round to nearest.
+// lo(r) (1 - gamma_{T+1}) - (T + 1) eta. Sums in round to nearest (the environment guarded).
 void AddAbsRowSums(const Eigen::Ref<const Eigen::MatrixXd>& mid, const Eigen::Ref<const Eigen::MatrixXd>& rad,
                    Eigen::Ref<Eigen::VectorXd> hi, Eigen::VectorXd* lo = nullptr);
 
